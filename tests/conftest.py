@@ -1,0 +1,78 @@
+"""Shared test helpers: paths, a CLI runner, and environment that keeps tests offline."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(REPO), "shared")
+PYTHON = sys.executable
+
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+# never talk to a wandb server or the HF hub from tests
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
+    """Run `python <args>` in a subprocess; returns CompletedProcess with text stdout/stderr."""
+    full_env = dict(os.environ)
+    full_env.update({"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    if env:
+        full_env.update(env)
+    proc = subprocess.run([PYTHON] + list(args), cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def assert_one_line_error(proc, *fragments):
+    """Bad input: non-zero exit, a single 'error: ...' line on stderr, no traceback."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+
+
+@pytest.fixture
+def shared_dir():
+    if not os.path.isdir(SHARED):
+        pytest.fail(f"../shared not found at {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A small data cache shared by the whole test session (treat it as read-only):
+
+        cache_dir/TinyStories_all_data/data00..02.json   `synthesize`, 3 shards x 300 stories, seed 0
+        cache_dir/tok8192.model                          the released study tokenizer (../shared)
+        cache_dir/tok8192/pretrain-all/                  `pretokenize`, no transforms, seed 0
+
+    Returns a SimpleNamespace: cache_dir, raw_dir, vocab_size (8192), tokenizer_model,
+    dataset_name ("pretrain-all"), dataset_dir, num_shards, stories_per_shard, manifest.
+    Shard 0 is the test split, shards 1-2 train. Builds in about a second.
+    """
+    import shutil
+    from types import SimpleNamespace
+
+    import tinystories
+    from dataset_spec import parse_spec
+
+    cache = str(tmp_path_factory.mktemp("tiny_corpus"))
+    num_shards, per_shard = 3, 300
+    raw = tinystories.synthesize(cache, num_shards=num_shards, stories_per_shard=per_shard, seed=0)
+    tok = os.path.join(cache, "tok8192.model")
+    shutil.copy(os.path.join(SHARED, "tokenizers", "tok8192.model"), tok)
+    manifest = tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
+    return SimpleNamespace(cache_dir=cache, raw_dir=raw, vocab_size=8192, tokenizer_model=tok,
+                           dataset_name="pretrain-all", dataset_dir=os.path.join(cache, "tok8192", "pretrain-all"),
+                           num_shards=num_shards, stories_per_shard=per_shard, manifest=manifest)
