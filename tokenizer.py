@@ -1,0 +1,82 @@
+"""A small sentencepiece wrapper, and where a vocabulary size's tokenizer file lives.
+
+    <data_cache_dir>/tok{V}.model   V > 0: trained by `tinystories.py train_vocab` (or the released
+                                    tok8192.model of the original study, copied there)
+    --tokenizer_model=PATH          V = 0: the Llama 2 tokenizer, which the user must provide
+"""
+import hashlib
+import os
+
+import sentencepiece as spm
+
+from errors import UserError
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tokenizer_model_path(data_cache_dir: str, vocab_size: int, tokenizer_model: str = None) -> str:
+    """The tokenizer file for `vocab_size`: `tokenizer_model` when given, else
+    <data_cache_dir>/tok{V}.model. UserError (saying how to get one) when it does not exist."""
+    if vocab_size < 0:
+        raise UserError(f"--vocab_size must be >= 0, got {vocab_size}")
+    if tokenizer_model:
+        if not os.path.isfile(tokenizer_model):
+            raise UserError(f"tokenizer model {tokenizer_model} not found")
+        return tokenizer_model
+    if vocab_size == 0:
+        raise UserError("--vocab_size=0 means the Llama 2 tokenizer, which this project cannot download: "
+                        "pass --tokenizer_model=PATH/tokenizer.model (it ships with karpathy/llama2.c), "
+                        "or use --vocab_size=N with <data_cache_dir>/tokN.model from train_vocab")
+    path = os.path.join(data_cache_dir, f"tok{vocab_size}.model")
+    if not os.path.isfile(path):
+        raise UserError(f"tokenizer {path} not found: run: python tinystories.py train_vocab "
+                        f"--vocab_size={vocab_size} --data_cache_dir={data_cache_dir} "
+                        f"(or copy a released tok{vocab_size}.model there)")
+    return path
+
+
+class Tokenizer:
+    def __init__(self, model_path: str):
+        if not os.path.isfile(model_path):
+            raise UserError(f"tokenizer model {model_path} not found")
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=model_path)
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"{model_path} is not a sentencepiece model ({e})") from None
+        self.model_path = model_path
+        self.vocab_size = self.sp.vocab_size()
+        self.bos_id = self.sp.bos_id()
+        self.eos_id = self.sp.eos_id()
+        self._sha256 = None
+
+    @property
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = file_sha256(self.model_path)
+        return self._sha256
+
+    def encode(self, text: str, bos: bool = True, eos: bool = False) -> list:
+        return self.sp.encode(text, add_bos=bos, add_eos=eos)
+
+    def encode_batch(self, texts: list, bos: bool = True, eos: bool = False, num_threads: int = 1) -> list:
+        """One C++ call for many texts. num_threads=1 by default: callers parallelise with
+        processes, and extra threads per process would only oversubscribe the cores."""
+        return self.sp.encode(list(texts), add_bos=bos, add_eos=eos, num_threads=num_threads)
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        return self.sp.decode([int(i) for i in ids])
+
+
+def load_tokenizer(data_cache_dir: str, vocab_size: int, tokenizer_model: str = None) -> Tokenizer:
+    """Resolve and load the tokenizer for `vocab_size`, checking that its size matches (V > 0)."""
+    tok = Tokenizer(tokenizer_model_path(data_cache_dir, vocab_size, tokenizer_model))
+    if vocab_size > 0 and tok.vocab_size != vocab_size:
+        raise UserError(f"tokenizer {tok.model_path} has {tok.vocab_size} pieces but --vocab_size={vocab_size}")
+    return tok
