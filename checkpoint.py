@@ -1,0 +1,133 @@
+"""Checkpoint files: one format for every driver, written atomically.
+
+A checkpoint is a dict saved with torch.save, with llama2.c's keys
+    model, optimizer, model_args, iter_num, best_val_loss, config
+plus what exact resume and growth need:
+    format_version      int, this module's FORMAT_VERSION
+    optimizer_name      "adamw" | "adafactor"
+    param_names         names of the optimizer's parameters in state-dict index order, so that
+                        optimizer state can be remapped by name (growth), never by position
+    param_overrides     {name: {"lr_scale": s, "eps": e}} per-parameter optimizer settings
+    lr_rewarmup         {"start": iter, "iters": n} or None: a short LR re-warmup after growth
+    rng                 python / numpy / torch (/ cuda) generator states
+    loader              the training data loader's position (data.BatchLoader.state_dict())
+    scaler              GradScaler state (fp16) or None
+Only plain Python values and tensors are stored, so files load with torch.load(weights_only=True).
+"""
+import os
+import pickle
+import random
+import tempfile
+
+import numpy as np
+import torch
+
+from errors import UserError
+from model import ModelArgs, Transformer
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(ckpt: dict, path: str):
+    """torch.save to a temp file in the same folder, fsync, then rename over `path`: a kill at
+    any moment leaves either the old file or the new one, never a truncated one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_ckpt_", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path: str, map_location="cpu") -> dict:
+    """Load a checkpoint dict; a missing or unreadable file is a one-line UserError."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "ckpt.pt")
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise UserError(f"{path} is not a model checkpoint (no 'model' / 'model_args' entries)")
+    return ckpt
+
+
+def clean_state_dict(state_dict):
+    """Strip wrapper prefixes left by torch.compile ('_orig_mod.') and DDP ('module.')."""
+    out = {}
+    for k, v in state_dict.items():
+        for prefix in ("_orig_mod.", "module."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def model_from_checkpoint(ckpt: dict, **arg_overrides) -> Transformer:
+    """Build the model described by `model_args` and load its weights (strictly)."""
+    args = ModelArgs.from_dict({**ckpt["model_args"], **arg_overrides})
+    state = clean_state_dict(ckpt["model"])
+    if "output.weight" not in state and "tok_embeddings.weight" in state and args.tie_embeddings:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    model = Transformer(args)
+    load_weights(model, state)
+    return model
+
+
+def load_weights(model: Transformer, state: dict):
+    """load_state_dict with a one-line error naming the first mismatching tensor."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise UserError(f"checkpoint weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise UserError(f"checkpoint tensor {k} has shape {tuple(state[k].shape)}, the model expects {tuple(v.shape)}")
+    model.load_state_dict(state)
+
+
+def model_args_dict(model: Transformer) -> dict:
+    """The model's ModelArgs as a plain dict, with the FFN hidden size made explicit."""
+    from dataclasses import asdict
+    d = asdict(model.params)
+    d["hidden_dim"] = model.params.ffn_hidden_dim()
+    return d
+
+
+# ---------------------------------------------------------------------- RNG state
+
+def rng_state() -> dict:
+    """All global generator states, as tensors / plain values (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]), float(np_state[4])),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    random.setstate(_tuplify(state["python"]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x):
+    # torch.load may hand back lists where random.setstate wants tuples
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,0 +1,19 @@
+# 210M-parameter model of the fine-tuning study (longer context).
+out_dir = "out/base210M"
+vocab_source = "custom"
+vocab_size = 8192
+dim = 1024
+n_layers = 16
+n_heads = 16
+n_kv_heads = 16
+multiple_of = 64
+max_seq_len = 1024
+batch_size = 128
+gradient_accumulation_steps = 1
+learning_rate = 1e-4
+max_iters = 30000
+warmup_iters = 1000
+min_lr = 0.0
+eval_interval = 2000
+eval_iters = 100
+compile = True

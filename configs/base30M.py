@@ -1,0 +1,19 @@
+# 30M-parameter pretraining model of the fine-tuning study.
+out_dir = "out/base30M"
+vocab_source = "custom"
+vocab_size = 8192
+dim = 512
+n_layers = 8
+n_heads = 8
+n_kv_heads = 8
+multiple_of = 64
+max_seq_len = 256
+batch_size = 128
+gradient_accumulation_steps = 4
+learning_rate = 5e-4
+max_iters = 100000
+warmup_iters = 1000
+min_lr = 0.0
+eval_interval = 2000
+eval_iters = 100
+compile = True

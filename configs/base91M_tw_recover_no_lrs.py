@@ -1,0 +1,23 @@
+# Recovery fine-tuning: fine-tune a deleted model on genuine Twist stories (constant LR).
+#   python train.py configs/base91M_tw_recover_no_lrs.py --model_dir=out/delete/filter-adv-Twist_lr1e-05
+init_from = "resume_model"
+model_dir = "out/delete/filter-adv-Twist_lr1e-05"
+out_dir = "out/recover/{model_dir}_lr{learning_rate}"
+dataset_name = "specialise-Twist"
+eval_dataset_names = ["filter-Twist", "filter-adv-Twist"]
+vocab_source = "custom"
+vocab_size = 8192
+max_seq_len = 1024
+batch_size = 128
+gradient_accumulation_steps = 1
+learning_rate = 1e-5
+lr_scheduling = False
+warmup_iters = 0
+max_iters = 4000
+eval_interval = 300
+eval_iters = 10
+checkpoint_interval = 2500
+generation_eval_interval_multiplier = 5
+finegrained_log_iters = 300
+generation_batch_size = 16
+compile = True

@@ -1,0 +1,119 @@
+"""Run logging: `out_dir/metrics.jsonl` always, wandb when asked.
+
+Every logged record is one JSON object per line with at least `iter` and `kind` ("train" for
+per-iteration lines, "eval" for evaluations, "growth", "event"...), so any run can be read and
+plotted without a wandb account. wandb is optional: if it is missing, offline, or fails to start,
+training goes on with a warning (WANDB_MODE=offline / disabled are honoured).
+"""
+import json
+import math
+import os
+import sys
+import time
+
+
+def _jsonable(v):
+    if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf; keep them readable
+    return v
+
+
+def read_metrics(path):
+    """All records of a metrics.jsonl file (ignoring a torn last line after a crash)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def truncate_metrics(path, before_iter):
+    """On resume: drop records at or after the resumed iteration, which the resumed run redoes.
+    Rewritten atomically."""
+    if not os.path.exists(path):
+        return
+    keep = [r for r in read_metrics(path) if r.get("iter", -1) < before_iter]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in keep:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricsLogger:
+    def __init__(self, out_dir, config, enabled=True, resume_iter=None):
+        self.enabled = enabled
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.wandb = None
+        if not enabled:
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        if resume_iter is not None:
+            truncate_metrics(self.path, resume_iter)
+        self.file = open(self.path, "a")
+        if config.get("wandb_log"):
+            self._start_wandb(config)
+
+    def _start_wandb(self, config):
+        try:
+            import wandb
+        except ImportError:
+            print("warning: wandb_log=True but wandb is not installed; logging to metrics.jsonl only", file=sys.stderr)
+            return
+        kwargs = dict(project=config.get("wandb_project") or None, name=config.get("wandb_run_name") or None,
+                      entity=config.get("wandb_entity") or None, tags=list(config.get("wandb_tags") or []) or None,
+                      config=config, dir=os.path.dirname(self.path))
+        if config.get("wandb_mode"):
+            kwargs["mode"] = config["wandb_mode"]
+        try:
+            self.wandb = wandb
+            self.run = wandb.init(**kwargs)
+        except Exception as e:  # no server, no login, ...: never let wandb stop training
+            print(f"warning: wandb could not start ({type(e).__name__}: {e}); logging to metrics.jsonl only", file=sys.stderr)
+            self.wandb = None
+
+    def log(self, record: dict, kind="train", wandb_prefix_map=None):
+        """Append one record; also send numeric values to wandb (optionally renaming keys)."""
+        if not self.enabled:
+            return
+        record = {"iter": record.get("iter"), "kind": kind, **{k: _jsonable(v) for k, v in record.items() if k != "iter"}}
+        record.setdefault("time", time.time())
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            data = {}
+            for k, v in record.items():
+                if k in ("kind", "time") or not isinstance(v, (int, float)) or isinstance(v, bool):
+                    continue
+                data[(wandb_prefix_map or {}).get(k, k)] = v
+            self._wandb_call(lambda: self.wandb.log(data, step=record["iter"]))
+
+    def log_table(self, name, columns, rows, iter_num):
+        """A table (e.g. generations): one metrics.jsonl record holding the rows, a wandb.Table."""
+        if not self.enabled:
+            return
+        self.log({"iter": iter_num, name: [dict(zip(columns, r)) for r in rows]}, kind="table")
+        if self.wandb is not None:
+            self._wandb_call(lambda: self.wandb.log({name: self.wandb.Table(columns=columns, data=rows)}, step=iter_num))
+
+    def _wandb_call(self, fn):
+        try:
+            fn()
+        except Exception as e:
+            print(f"warning: wandb logging failed ({type(e).__name__}: {e}); continuing without wandb", file=sys.stderr)
+            self.wandb = None
+
+    def close(self):
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.wandb is not None:
+            self._wandb_call(lambda: self.wandb.finish())

@@ -1,0 +1,359 @@
+"""The one model of tinystories-lab: the Llama-2 architecture as in karpathy/llama2.c.
+
+Token embedding (tied with the output head by default), pre-norm RMSNorm blocks, rotary position
+embeddings in llama2.c's interleaved-pair layout, grouped-query attention through
+F.scaled_dot_product_attention, and a SwiGLU feed-forward with llama2.c's hidden-size rule.
+Parameter names are llama2.c's, so its `ckpt.pt` files load unchanged.
+
+Additions over llama2.c, each needed by a driver:
+  - `attn_mask` / `position_ids` in forward: packed sequences and prefix-LM (finetune_t0.py),
+    left-padded generation prompts;
+  - `loss_weights` in forward: per-token loss weights (target-only T0 losses);
+  - `generate` with a KV cache (generation evaluations sample hundreds of tokens);
+  - `hidden_states` (per-layer linear probes), `num_params`, `flops_per_token`, `estimate_mfu`;
+  - an optional untied output head (`tie_embeddings=False`; HF import/export and growth).
+"""
+import math
+from dataclasses import dataclass, fields
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelArgs:
+    # defaults are llama2.c's (Llama 2 7B); configs always set the small shapes explicitly
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: Optional[int] = None
+    vocab_size: int = 32000
+    hidden_dim: Optional[int] = None
+    multiple_of: int = 256  # SwiGLU hidden layer size is a multiple of this
+    norm_eps: float = 1e-5
+    max_seq_len: int = 2048
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_dict(cls, d):
+        """Build from a checkpoint's `model_args`, ignoring keys this version does not know."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def ffn_hidden_dim(self):
+        """llama2.c's rule: 2/3 of 4*dim, rounded up to a multiple of `multiple_of`."""
+        if self.hidden_dim is not None:
+            return self.hidden_dim
+        hidden = int(2 * (4 * self.dim) / 3)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def kv_heads(self):
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+
+def _compute_dtype(x):
+    # half precision is upcast for the numerically sensitive parts; fp32 / fp64 stay as they are
+    # (the growth tests compare losses in fp64 to 1e-10)
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.to(_compute_dtype(x))
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def precompute_freqs_cis(head_dim: int, end: int, theta: float = 10000.0):
+    """cos/sin tables (end, head_dim/2) for RoPE; computed in fp64, stored in fp32."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64)[: head_dim // 2] / head_dim))
+    angles = torch.outer(torch.arange(end, dtype=torch.float64), freqs)
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+def apply_rotary_emb(xq, xk, cos, sin):
+    """Rotate interleaved pairs (x[2i], x[2i+1]) by position-dependent angles (llama2.c layout).
+
+    xq, xk: (B, T, heads, head_dim); cos, sin: broadcastable to (B, T, 1, head_dim/2).
+    """
+    dt = _compute_dtype(xq)
+
+    def rotate(x):
+        xr, xi = x.to(dt).reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
+        out = torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).flatten(3)
+        return out.type_as(x)
+
+    cos, sin = cos.to(dt), sin.to(dt)
+    return rotate(xq), rotate(xk)
+
+
+class KVCache:
+    """Preallocated keys/values of every layer for incremental decoding.
+
+    `length` is the number of positions already cached; `key_valid` (B, capacity) marks the
+    cached positions that may be attended to (False for left padding of shorter prompts).
+    """
+
+    def __init__(self, args: ModelArgs, batch_size: int, capacity: int, device, dtype):
+        head_dim = args.dim // args.n_heads
+        shape = (args.n_layers, batch_size, args.kv_heads(), capacity, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_valid = torch.ones(batch_size, capacity, dtype=torch.bool, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    def update(self, layer_id: int, k, v):
+        """Store k, v (B, kv_heads, T, hd) at the current position; return everything cached."""
+        start, end = self.length, self.length + k.shape[2]
+        self.k[layer_id, :, :, start:end] = k
+        self.v[layer_id, :, :, start:end] = v
+        return self.k[layer_id, :, :, :end], self.v[layer_id, :, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.kv_heads()
+        assert args.dim % args.n_heads == 0, "dim must be divisible by n_heads"
+        assert args.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads"
+        self.head_dim = args.dim // args.n_heads
+        self.n_rep = self.n_heads // self.n_kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.resid_dropout = nn.Dropout(args.dropout)
+        self.dropout = args.dropout
+
+    def forward(self, x, cos, sin, attn_mask=None, kv_cache: Optional[KVCache] = None):
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, cos, sin)
+        # (B, heads, T, head_dim)
+        xq, xk, xv = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        if kv_cache is not None:
+            xk, xv = kv_cache.update(self.layer_id, xk, xv)
+        if self.n_rep > 1:
+            # expand kv heads to match query heads (GQA); head h uses kv head h // n_rep
+            xk = xk.repeat_interleave(self.n_rep, dim=1)
+            xv = xv.repeat_interleave(self.n_rep, dim=1)
+        if attn_mask is None and seqlen > 1 and xk.shape[2] != seqlen:
+            raise ValueError("several new tokens over a non-empty KV cache need an explicit attn_mask")
+        out = F.scaled_dot_product_attention(
+            xq, xk, xv,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            # no mask: causal; a single new query over the cache may see every cached key
+            is_causal=attn_mask is None and seqlen > 1,
+        )
+        out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)
+        return self.resid_dropout(self.wo(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int, dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down (output) projection
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: ModelArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = Attention(args, layer_id)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim(), args.dropout)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x, cos, sin, attn_mask=None, kv_cache=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, attn_mask, kv_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    last_loss: Optional[torch.Tensor]
+
+    def __init__(self, params: ModelArgs):
+        super().__init__()
+        self.params = params
+        self.vocab_size = params.vocab_size
+        self.n_layers = params.n_layers
+        self.tok_embeddings = nn.Embedding(params.vocab_size, params.dim)
+        self.dropout = nn.Dropout(params.dropout)
+        self.layers = nn.ModuleList(TransformerBlock(i, params) for i in range(params.n_layers))
+        self.norm = RMSNorm(params.dim, eps=params.norm_eps)
+        self.output = nn.Linear(params.dim, params.vocab_size, bias=False)
+        if params.tie_embeddings:
+            # weight tying (https://paperswithcode.com/method/weight-tying), as llama2.c
+            self.tok_embeddings.weight = self.output.weight
+        cos, sin = precompute_freqs_cis(params.dim // params.n_heads, params.max_seq_len, params.rope_theta)
+        self.register_buffer("freqs_cos", cos, persistent=False)
+        self.register_buffer("freqs_sin", sin, persistent=False)
+
+        self.apply(self._init_weights)
+        # GPT-2 style scaled init of the residual output projections. llama2.c scales `w3` (an
+        # input projection of SwiGLU) instead of `w2`; we scale the real output projections.
+        for pn, p in self.named_parameters():
+            if pn.endswith("attention.wo.weight") or pn.endswith("feed_forward.w2.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * params.n_layers))
+        self.last_loss = None
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                torch.nn.init.zeros_(module.bias)
+
+    # ------------------------------------------------------------------ forward
+
+    def _rope_tables(self, seqlen, position_ids, start):
+        if position_ids is None:
+            if start + seqlen > self.params.max_seq_len:
+                raise ValueError(f"sequence of {start + seqlen} tokens exceeds max_seq_len={self.params.max_seq_len}")
+            cos = self.freqs_cos[start:start + seqlen]
+            sin = self.freqs_sin[start:start + seqlen]
+            return cos[None, :, None, :], sin[None, :, None, :]
+        # per-token positions (B, T): packed examples restart at 0, left-padded prompts shift
+        return self.freqs_cos[position_ids][:, :, None, :], self.freqs_sin[position_ids][:, :, None, :]
+
+    def _trunk(self, tokens, attn_mask=None, position_ids=None, kv_cache=None, collect=None):
+        """Embedding and all blocks; returns the final hidden states before the last norm."""
+        start = kv_cache.length if kv_cache is not None else 0
+        cos, sin = self._rope_tables(tokens.shape[1], position_ids, start)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(1)  # (B, T, S) -> (B, 1, T, S), shared by all heads
+        h = self.dropout(self.tok_embeddings(tokens))
+        for layer in self.layers:
+            h = layer(h, cos, sin, attn_mask, kv_cache)
+            if collect is not None:
+                collect.append(h)
+        if kv_cache is not None:
+            kv_cache.length += tokens.shape[1]
+        return h
+
+    def forward(self, tokens, targets=None, attn_mask=None, position_ids=None,
+                loss_weights=None, kv_cache=None, all_logits=False):
+        """llama2.c convention: with `targets` return logits for every position and set
+        `self.last_loss` (mean cross-entropy, targets of -1 ignored; with `loss_weights` the
+        weighted *sum* of per-token losses instead); without targets return only the
+        last position's logits unless `all_logits=True`.
+
+        attn_mask: bool (B, T, S) or (B, 1, T, S), True = may attend; None means causal.
+        position_ids: long (B, T) RoPE positions; None means 0..T-1 (offset by the KV cache).
+        """
+        h = self.norm(self._trunk(tokens, attn_mask, position_ids, kv_cache))
+        if targets is not None:
+            logits = self.output(h)
+            if loss_weights is None:
+                self.last_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            else:
+                ce = F.cross_entropy(logits.view(-1, logits.size(-1)).to(_compute_dtype(logits)), targets.reshape(-1).clamp_min(0), reduction="none")
+                self.last_loss = (ce * loss_weights.reshape(-1).to(ce.dtype)).sum()
+            return logits
+        self.last_loss = None
+        if all_logits:
+            return self.output(h)
+        return self.output(h[:, [-1], :])  # inference: only the last position is needed
+
+    @torch.no_grad()
+    def hidden_states(self, tokens, attn_mask=None, position_ids=None) -> List[torch.Tensor]:
+        """Output of every transformer block (before the final norm), one (B, T, dim) per layer."""
+        collect = []
+        self._trunk(tokens, attn_mask, position_ids, collect=collect)
+        return collect
+
+    # ------------------------------------------------------------------ sizes
+
+    def num_params(self, non_embedding=False):
+        """Parameters counted once (a tied embedding/head matrix is one matrix)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_embeddings.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·H·Q·T, where
+        N counts the parameters used in matmuls (the head yes, the embedding lookup no)."""
+        p = self.params
+        T = p.max_seq_len if seq_len is None else seq_len
+        N = self.num_params(non_embedding=True)
+        if p.tie_embeddings:
+            N += self.output.weight.numel()  # the shared matrix still does the head matmul
+        else:
+            N = self.num_params() - self.tok_embeddings.weight.numel()
+        head_dim = p.dim // p.n_heads
+        return 6 * N + 12 * p.n_layers * p.n_heads * head_dim * T
+
+    def estimate_mfu(self, tokens_per_iter, dt, peak_flops, seq_len=None):
+        """Model FLOPs utilisation: achieved FLOP/s over the device's peak FLOP/s."""
+        if not peak_flops or dt <= 0:
+            return None
+        return self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.no_grad()  # not inference_mode: callers may feed the output back into training
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt_mask=None,
+                 generator=None, use_cache=True):
+        """Sample `max_new_tokens` after the prompts `idx` (B, T); temperature 0 is greedy.
+
+        Prompts of different lengths are left-padded and marked by `prompt_mask` (B, T, True on
+        real tokens): padding is never attended to and positions start at each prompt's first
+        real token, so every row is generated exactly as if it were alone.
+        Returns (B, T + max_new_tokens) with the prompts included.
+        """
+        B, T = idx.shape
+        total = T + max_new_tokens
+        if total > self.params.max_seq_len:
+            raise ValueError(f"prompt + new tokens ({total}) exceed max_seq_len={self.params.max_seq_len}")
+        padded = prompt_mask is not None and not bool(prompt_mask.all())
+        if padded:
+            valid = torch.ones(B, total, dtype=torch.bool, device=idx.device)
+            valid[:, :T] = prompt_mask
+            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+            eye = torch.eye(total, dtype=torch.bool, device=idx.device)
+        dtype = next(self.parameters()).dtype
+        cache = KVCache(self.params, B, total, idx.device, dtype) if use_cache else None
+        out = idx
+        for step in range(max_new_tokens):
+            # with the cache only the newest token is fed after the first step
+            q0 = out.shape[1] - 1 if (cache is not None and step > 0) else 0
+            q1 = out.shape[1]
+            mask = pos = None
+            if padded:
+                # causal & key-is-real; a padding query attends to itself so no row is empty
+                causal = torch.ones(q1 - q0, q1, dtype=torch.bool, device=idx.device).tril(q0)
+                mask = (causal[None] & valid[:, None, :q1]) | eye[q0:q1, :q1][None]
+                pos = positions[:, q0:q1]
+            logits = self(out[:, q0:], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
+            if temperature == 0.0:
+                next_tok = torch.argmax(logits, dim=-1, keepdim=True)
+            else:
+                logits = logits.float() / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                probs = F.softmax(logits, dim=-1)
+                next_tok = torch.multinomial(probs, num_samples=1, generator=generator)
+            out = torch.cat((out, next_tok), dim=1)
+        return out

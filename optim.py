@@ -1,0 +1,87 @@
+"""Optimizers and learning-rate schedules, shared by every driver.
+
+build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
+fused on CUDA, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
+parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
+(growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e}} that exact
+growth needs. lr_at(it, cfg) is the schedule: constant, or linear warmup + cosine to min_lr,
+optionally multiplied by a re-warmup ramp after growth.
+"""
+import math
+
+import torch
+
+from errors import UserError
+
+OPTIMIZERS = ("adamw", "adafactor")
+
+
+def param_groups(model, weight_decay, overrides=None):
+    """Group parameters by (decay?, lr_scale, eps); each group lists its parameter names."""
+    overrides = overrides or {}
+    groups = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        ov = overrides.get(name, {})
+        decay = weight_decay if p.dim() >= 2 else 0.0
+        key = (decay, ov.get("lr_scale", 1.0), ov.get("eps"))
+        g = groups.setdefault(key, {"params": [], "param_names": [], "weight_decay": decay,
+                                    "lr_scale": ov.get("lr_scale", 1.0)})
+        if ov.get("eps") is not None:
+            g["eps"] = ov["eps"]
+        g["params"].append(p)
+        g["param_names"].append(name)
+    return list(groups.values())
+
+
+def build_optimizer(model, cfg, overrides=None):
+    """The optimizer named by cfg['optimizer'] (default adamw) over `model`'s parameters."""
+    name = cfg.get("optimizer", "adamw")
+    if name not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
+    lr = cfg["learning_rate"]
+    if name == "adamw":
+        groups = param_groups(model, cfg.get("weight_decay", 0.0), overrides)
+        device_type = next(model.parameters()).device.type
+        # fused kernels on CUDA; on CPU the multi-tensor (foreach) path is the fastest available
+        extra = {"fused": True} if device_type == "cuda" else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)),
+                                 eps=cfg.get("adam_eps", 1e-8), **extra)
+    from adafactor import adafactor_from_config
+    return adafactor_from_config(model, cfg, overrides)
+
+
+def optimizer_param_names(optimizer):
+    """Names of the optimizer's parameters in state-dict index order."""
+    return [n for g in optimizer.param_groups for n in g["param_names"]]
+
+
+def lr_at(it, cfg, rewarmup=None):
+    """Learning rate at iteration `it`.
+
+    lr_scheduling=False (the "no_lrs" configs): constant learning_rate.
+    Otherwise: linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters
+    (default max_iters), constant min_lr after. decay_lr=False also gives a constant rate.
+    rewarmup={"start": s, "iters": n}: multiply by a linear ramp from s to s+n (after growth).
+    """
+    lr = cfg["learning_rate"]
+    if cfg.get("lr_scheduling", True) and cfg.get("decay_lr", True):
+        warmup = cfg.get("warmup_iters", 0)
+        decay_iters = cfg.get("lr_decay_iters") or cfg["max_iters"]
+        min_lr = cfg.get("min_lr", 0.0)
+        if it < warmup:
+            lr = lr * (it + 1) / (warmup + 1)
+        elif it > decay_iters:
+            lr = min_lr
+        else:
+            ratio = (it - warmup) / max(1, decay_iters - warmup)
+            lr = min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    if rewarmup and rewarmup.get("iters", 0) > 0 and it >= rewarmup["start"]:
+        lr *= min(1.0, (it - rewarmup["start"] + 1) / rewarmup["iters"])
+    return lr
+
+
+def set_lr(optimizer, lr):
+    for g in optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)

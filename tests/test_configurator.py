@@ -1,0 +1,72 @@
+"""configurator.py: files then overrides, type checks, the --lr alias, one-line errors."""
+import glob
+import os
+
+import pytest
+
+from conftest import REPO, assert_one_line_error, run_cli
+from configurator import parse_config
+from errors import UserError
+
+DEFAULTS = dict(learning_rate=5e-4, batch_size=8, dataset_name="x", compile=False, eval_dataset_names=[], model_dir="",
+                n_kv_heads=6, wandb_tags=[])
+
+
+def test_files_then_overrides(tmp_path):
+    a = tmp_path / "a.py"
+    a.write_text("batch_size = 16\nlearning_rate = 1e-3\n_private = 3\nimport math\n")
+    b = tmp_path / "b.py"
+    b.write_text("batch_size = batch_size * 2\ndataset_name = 'filter-Twist'\n")
+    cfg = parse_config(DEFAULTS, [str(a), str(b), "--learning_rate=2e-4", "--compile=True"])
+    assert cfg["batch_size"] == 32 and cfg["learning_rate"] == 2e-4 and cfg["compile"] is True
+    assert cfg["dataset_name"] == "filter-Twist"
+    assert DEFAULTS["batch_size"] == 8  # defaults untouched
+
+
+def test_types_alias_and_strings():
+    cfg = parse_config(DEFAULTS, ["--lr=1", "--dataset_name=123", "--eval_dataset_names=['a','b']", "--compile=false"])
+    assert cfg["learning_rate"] == 1.0 and isinstance(cfg["learning_rate"], float)
+    assert cfg["dataset_name"] == "123" and cfg["eval_dataset_names"] == ["a", "b"] and cfg["compile"] is False
+    assert parse_config(DEFAULTS, ["--model_dir=out/base"])["model_dir"] == "out/base"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--lerning_rate=1e-3"], "did you mean 'learning_rate'"),
+    (["--batch_size", "4"], "use --key=value"),
+    (["--batch_size=abc"], "expects int"),
+    (["--batch_size=1.5"], "expects int"),
+    (["--compile=3"], "expects bool"),
+    (["missing_config.py"], "config file not found"),
+    (["-x"], "use --key=value"),
+])
+def test_errors(argv, fragment):
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(DEFAULTS, argv)
+
+
+def test_unknown_key_in_file(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("batch_sise = 3\n")
+    with pytest.raises(UserError, match="did you mean 'batch_size'"):
+        parse_config(DEFAULTS, [str(f)])
+
+
+def test_cli_errors_are_one_line():
+    assert_one_line_error(run_cli(["train.py", "--learnin_rate=1"]), "learning_rate")
+    assert_one_line_error(run_cli(["train.py", "--max_iters", "5"]), "use --key=value")
+    assert_one_line_error(run_cli(["train.py", "configs/nope.py"]), "config file not found")
+
+
+def test_help_lists_every_key():
+    import train
+    proc = run_cli(["train.py", "--help"])
+    assert proc.returncode == 0
+    for key in train.DEFAULTS:
+        assert f"--{key}" in proc.stdout
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))))
+def test_every_config_file_loads(path):
+    import train
+    cfg = parse_config(train.DEFAULTS, [path])
+    assert cfg["max_iters"] > 0 and cfg["batch_size"] > 0

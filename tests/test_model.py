@@ -1,0 +1,194 @@
+"""model.py against independent references: a plain-math forward pass written here, no-cache
+decoding, llama2.c's checkpoint keys."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import checkpoint as ckpt_lib
+from model import ModelArgs, Transformer
+
+
+def tiny(n_kv_heads=None, tie=True, **kw):
+    args = dict(dim=48, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=67, multiple_of=16, max_seq_len=40,
+                tie_embeddings=tie)
+    args.update(kw)
+    torch.manual_seed(0)
+    return Transformer(ModelArgs(**args)).double().eval()
+
+
+def reference_logits(m, tokens, positions=None, mask=None):
+    """Llama forward written from the formulas: RMSNorm, interleaved RoPE, softmax attention with
+    explicit masking, SwiGLU. Independent of model.py's SDPA path, caches and helpers."""
+    p = m.params
+    B, T = tokens.shape
+    hd = p.dim // p.n_heads
+    kvh = p.n_kv_heads or p.n_heads
+    if positions is None:
+        positions = torch.arange(T).expand(B, T)
+    if mask is None:
+        mask = torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    ang = positions[..., None].double() * inv  # (B, T, hd/2)
+
+    def rope(x):  # x (B, T, H, hd), pairs (2i, 2i+1) rotated by ang[..., i]
+        xr, xi = x[..., 0::2], x[..., 1::2]
+        c, s = torch.cos(ang)[:, :, None], torch.sin(ang)[:, :, None]
+        out = torch.empty_like(x)
+        out[..., 0::2] = xr * c - xi * s
+        out[..., 1::2] = xr * s + xi * c
+        return out
+
+    def rms(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + p.norm_eps) * w
+
+    h = m.tok_embeddings.weight[tokens]
+    for layer in m.layers:
+        a = layer.attention
+        x = rms(h, layer.attention_norm.weight)
+        q = rope((x @ a.wq.weight.T).view(B, T, p.n_heads, hd))
+        k = rope((x @ a.wk.weight.T).view(B, T, kvh, hd))
+        v = (x @ a.wv.weight.T).view(B, T, kvh, hd)
+        out = torch.zeros(B, T, p.n_heads, hd, dtype=h.dtype)
+        for head in range(p.n_heads):
+            g = head // (p.n_heads // kvh)
+            scores = torch.einsum("btd,bsd->bts", q[:, :, head], k[:, :, g]) / math.sqrt(hd)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            out[:, :, head] = torch.softmax(scores, -1) @ v[:, :, g]
+        h = h + out.reshape(B, T, -1) @ a.wo.weight.T
+        ff = layer.feed_forward
+        x = rms(h, layer.ffn_norm.weight)
+        h = h + (F.silu(x @ ff.w1.weight.T) * (x @ ff.w3.weight.T)) @ ff.w2.weight.T
+    return rms(h, m.norm.weight) @ m.output.weight.T
+
+
+@pytest.mark.parametrize("kv", [None, 2, 1])
+@pytest.mark.parametrize("tie", [True, False])
+def test_forward_matches_plain_math(kv, tie):
+    m = tiny(kv, tie)
+    tokens = torch.randint(0, 67, (3, 17))
+    logits = m(tokens, tokens)  # with targets: logits of every position
+    assert logits.shape == (3, 17, 67)
+    ref = reference_logits(m, tokens)
+    assert torch.allclose(logits, ref, atol=1e-10), (logits - ref).abs().max()
+    loss = F.cross_entropy(ref.view(-1, 67), tokens.view(-1))
+    assert abs(m.last_loss.item() - loss.item()) < 1e-10
+    last = m(tokens)
+    assert last.shape == (3, 1, 67) and m.last_loss is None
+    assert torch.allclose(last[:, 0], ref[:, -1], atol=1e-10)
+
+
+def test_mask_and_position_ids_match_reference():
+    # two examples packed in one row: block-diagonal causal mask, positions restart at 0
+    m = tiny(2)
+    a, b = torch.randint(0, 67, (1, 7)), torch.randint(0, 67, (1, 5))
+    row = torch.cat([a, b], 1)
+    seg = torch.tensor([[1] * 7 + [2] * 5])
+    mask = (seg[:, :, None] == seg[:, None, :]) & torch.ones(12, 12, dtype=torch.bool).tril()
+    pos = torch.tensor([list(range(7)) + list(range(5))])
+    packed = m(row, attn_mask=mask, position_ids=pos, all_logits=True)
+    assert torch.allclose(packed, reference_logits(m, row, pos, mask), atol=1e-10)
+    alone_a, alone_b = m(a, all_logits=True), m(b, all_logits=True)
+    assert torch.allclose(packed[:, :7], alone_a, atol=1e-10)
+    assert torch.allclose(packed[:, 7:], alone_b, atol=1e-10)
+
+
+def test_loss_weights_and_ignore_index():
+    m = tiny()
+    x = torch.randint(0, 67, (2, 9))
+    y = x.clone()
+    y[:, :4] = -1
+    logits = m(x, y)
+    ce = F.cross_entropy(logits.view(-1, 67), x.view(-1), reduction="none").view(2, 9)
+    assert abs(m.last_loss.item() - ce[:, 4:].mean().item()) < 1e-10
+    w = torch.rand(2, 9, dtype=torch.float64)
+    m(x, x, loss_weights=w)
+    assert abs(m.last_loss.item() - (ce * w).sum().item()) < 1e-10
+
+
+@pytest.mark.parametrize("kv", [None, 2])
+def test_kv_cache_generation_equals_no_cache(kv):
+    m = tiny(kv).float()
+    prompt = torch.randint(0, 67, (2, 6))
+    with_cache = m.generate(prompt, 25, temperature=0.0)
+    without = m.generate(prompt, 25, temperature=0.0, use_cache=False)
+    assert torch.equal(with_cache, without)
+    # and greedy decoding really is argmax of the full forward pass
+    logits = m(with_cache[:, :-1], all_logits=True)
+    assert torch.equal(logits[:, 5:].argmax(-1), with_cache[:, 6:])
+    # sampling with the same generator is reproducible, with or without cache
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    s1 = m.generate(prompt, 20, temperature=0.8, top_k=10, generator=g1)
+    s2 = m.generate(prompt, 20, temperature=0.8, top_k=10, generator=g2, use_cache=False)
+    assert torch.equal(s1, s2)
+
+
+def test_left_padded_prompts_generate_as_if_alone():
+    m = tiny(2).float()
+    p1, p2 = torch.randint(0, 67, (1, 4)), torch.randint(0, 67, (1, 9))
+    batch = torch.zeros(2, 9, dtype=torch.long)
+    batch[0, 5:], batch[1] = p1[0], p2[0]
+    mask = batch != 0
+    mask[0, :5], mask[0, 5:], mask[1] = False, True, True
+    out = m.generate(batch, 12, temperature=0.0, prompt_mask=mask)
+    assert torch.equal(out[0, 5:], m.generate(p1, 12, temperature=0.0)[0])
+    assert torch.equal(out[1], m.generate(p2, 12, temperature=0.0)[0])
+
+
+def test_shapes_gqa_and_hidden_rule():
+    m = Transformer(ModelArgs(dim=288, n_layers=6, n_heads=6, n_kv_heads=2, vocab_size=8192, multiple_of=32, max_seq_len=256))
+    a = m.layers[0].attention
+    assert a.wq.weight.shape == (288, 288) and a.wk.weight.shape == (96, 288) and a.wv.weight.shape == (96, 288)
+    assert m.layers[0].feed_forward.w1.weight.shape == (768, 288)  # llama2.c: 2/3*4*288=768
+    assert m.tok_embeddings.weight is m.output.weight
+    n = m.num_params()
+    assert n == sum(p.numel() for p in m.parameters())
+    # 6N + 12 L H Q T with N including the (tied) head matrix once
+    assert m.flops_per_token() == 6 * n + 12 * 6 * 6 * 48 * 256
+
+
+def test_scaled_init_of_output_projections():
+    m = Transformer(ModelArgs(dim=256, n_layers=8, n_heads=4, vocab_size=64, multiple_of=32, max_seq_len=16))
+    std = 0.02 / math.sqrt(16)
+    assert abs(m.layers[0].attention.wo.weight.std().item() - std) < 0.1 * std
+    assert abs(m.layers[0].feed_forward.w2.weight.std().item() - std) < 0.1 * std
+    assert abs(m.layers[0].attention.wq.weight.std().item() - 0.02) < 0.002
+
+
+LLAMA2C_KEYS = {"tok_embeddings.weight", "norm.weight", "output.weight"} | {
+    f"layers.{i}.{k}" for i in range(2) for k in (
+        "attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wo.weight",
+        "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
+        "attention_norm.weight", "ffn_norm.weight")}
+
+
+def test_llama2c_checkpoint_loads(tmp_path):
+    m = tiny()
+    assert set(m.state_dict()) == LLAMA2C_KEYS
+    # a checkpoint as llama2.c's train.py writes it: compiled-model prefixes, its model_args keys
+    ckpt = {
+        "model": {"_orig_mod." + k: v.float() for k, v in m.state_dict().items()},
+        "optimizer": {},
+        "model_args": dict(dim=48, n_layers=2, n_heads=4, n_kv_heads=None, vocab_size=67, multiple_of=16,
+                           max_seq_len=40, dropout=0.0),
+        "iter_num": 10, "best_val_loss": 2.5, "config": {"batch_size": 4},
+    }
+    path = tmp_path / "ckpt.pt"
+    torch.save(ckpt, path)
+    loaded = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(str(path))).double().eval()
+    x = torch.randint(0, 67, (2, 8))
+    assert torch.allclose(loaded(x, x), m(x, x), atol=1e-6)
+
+
+def test_bad_checkpoints_are_user_errors(tmp_path):
+    from errors import UserError
+    with pytest.raises(UserError, match="not found"):
+        ckpt_lib.load_checkpoint(str(tmp_path / "nope.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        ckpt_lib.load_checkpoint(str(tmp_path / "junk.pt"))
+    m = tiny()
+    ckpt = {"model": m.state_dict(), "model_args": {**ckpt_lib.model_args_dict(m), "dim": 64}}
+    with pytest.raises(UserError, match="shape"):
+        ckpt_lib.model_from_checkpoint(ckpt)

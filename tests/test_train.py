@@ -1,0 +1,169 @@
+"""train.py end to end on a tiny synthesized corpus: metrics, exact resume after SIGKILL, atomic
+checkpoints, 2-process DDP vs 1 process, NaN guard, SIGINT, resume_model, eval_only, errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import PYTHON, REPO, assert_one_line_error, run_cli
+
+VOCAB = 1024
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A small synthesized corpus, tokenizer and default dataset (built once per session)."""
+    d = str(tmp_path_factory.mktemp("train_corpus"))
+    run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={d}", "--num_shards=3", "--stories_per_shard=300", "--seed=0"], check=True)
+    run_cli(["tinystories.py", "train_vocab", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}"], check=True)
+    run_cli(["tinystories.py", "pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}"], check=True)
+    run_cli(["tinystories.py", "pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}",
+             "--filtering=features!=Twist", "--dataset_name=filter-Twist"], check=True)
+    return d
+
+
+def tiny_args(corpus, out_dir, **over):
+    cfg = dict(data_cache_dir=corpus, vocab_size=VOCAB, out_dir=out_dir, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+               multiple_of=16, max_seq_len=64, batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-3,
+               warmup_iters=5, max_iters=30, eval_interval=10, eval_iters=2, log_interval=1, max_new_tokens=8,
+               generation_batch_size=2, device="cpu", dtype="float32", dropout=0.1)
+    cfg.update(over)
+    return ["train.py"] + [f"--{k}={v}" for k, v in cfg.items()]
+
+
+def losses(out_dir):
+    rows = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+    return {r["iter"]: r["loss/train"] for r in rows if r["kind"] == "train"}
+
+
+def test_train_logs_metrics_and_generations(corpus, tmp_path):
+    out = str(tmp_path / "run")
+    # windows must be long enough to hold a whole instruction header for generation prompts
+    run_cli(tiny_args(corpus, out, eval_dataset_names=["filter-Twist"], max_seq_len=256, max_new_tokens=16), check=True)
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["iter"] for r in train_rows] == list(range(30))
+    assert all(r["loss/train"] > 0 and r["lr"] > 0 and r["tokens_per_s"] > 0 for r in train_rows)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 10, 20, 30]
+    for r in evals:
+        assert {"loss/train", "loss/test", "loss/filter-Twist", "best_val_loss"} <= set(r)
+    assert evals[-1]["loss/test"] < evals[0]["loss/test"]  # it learns
+    assert evals[-1]["best_val_loss"] == min(r["loss/test"] for r in evals)  # and best really tracks the best
+    tables = [r for r in rows if r["kind"] == "table"]
+    assert {k for r in tables for k in r if k.startswith("generations/")} == {"generations/id", "generations/filter-Twist"}
+    g = tables[0]["generations/id"][0]
+    assert set(g) == {"prefix", "clean_prefix", "generation", "target", "iter_num"} and "Story:" in g["prefix"]
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 30
+    assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config"} <= set(ckpt)
+    assert ckpt["best_val_loss"] == evals[-1]["best_val_loss"]
+
+
+def test_exact_resume_after_sigkill(corpus, tmp_path):
+    ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
+    common = dict(max_iters=60, checkpoint_interval=10, eval_interval=20, max_new_tokens=0)
+    run_cli(tiny_args(corpus, ref, **common), check=True)
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([PYTHON] + tiny_args(corpus, killed, **common), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt_path = os.path.join(killed, "ckpt.pt")
+    deadline = time.time() + 120
+    while not os.path.exists(ckpt_path) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    start = torch.load(ckpt_path, weights_only=True)["iter_num"]
+    assert 10 <= start < 60
+    run_cli(tiny_args(corpus, killed, init_from="resume_train", **common), check=True)
+    a, b = losses(ref), losses(killed)
+    assert sorted(b) == list(range(60))  # the resumed run dropped and redid the killed run's tail
+    for it in range(start, 60):
+        assert a[it] == b[it], (it, a[it], b[it])  # bit for bit
+
+
+def test_checkpoint_write_is_atomic_under_kill(tmp_path):
+    """Kill a process while it rewrites a large checkpoint; the file is always a whole one."""
+    path = str(tmp_path / "ckpt.pt")
+    script = (
+        "import sys, torch; sys.path.insert(0, %r)\n"
+        "from checkpoint import save_checkpoint\n"
+        "i = 0\n"
+        "while True:\n"
+        "    save_checkpoint({'model': {'w': torch.full((4_000_000,), float(i))}, 'model_args': {}, 'iter_num': i}, %r)\n"
+        "    print(i, flush=True); i += 1\n" % (REPO, path))
+    for delay in (0.5, 0.9, 1.3):
+        proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()  # at least one complete save
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        ckpt = torch.load(path, weights_only=True)
+        w = ckpt["model"]["w"]
+        assert w.numel() == 4_000_000 and torch.all(w == ckpt["iter_num"])
+    leftovers = [f for f in os.listdir(tmp_path) if f != "ckpt.pt"]
+    assert all(f.startswith(".tmp_ckpt_") for f in leftovers)  # only temp files, never a half ckpt.pt
+
+
+def test_ddp_two_processes_equal_one(corpus, tmp_path):
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    common = dict(max_iters=6, eval_interval=100, max_new_tokens=0, dropout=0.0, gradient_accumulation_steps=2)
+    run_cli(tiny_args(corpus, one, **common), check=True)
+    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + tiny_args(corpus, two, **common))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(6))
+    for it in a:
+        assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
+
+
+def test_nan_guard_keeps_last_good_checkpoint(corpus, tmp_path):
+    out = str(tmp_path / "nan")
+    run_cli(tiny_args(corpus, out, max_iters=4, eval_interval=2, max_new_tokens=0), check=True)
+    proc = run_cli(tiny_args(corpus, out, init_from="resume_train", max_iters=40, eval_interval=2, max_new_tokens=0,
+                             learning_rate=1e30, lr_scheduling=False, grad_clip=0.0))
+    assert_one_line_error(proc, "nan/inf at iteration", "last good checkpoint kept")
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_sigint_stops_with_a_checkpoint(corpus, tmp_path):
+    out = str(tmp_path / "int")
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([PYTHON] + tiny_args(corpus, out, max_iters=100000, eval_interval=1000, max_new_tokens=0),
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and (not os.path.exists(metrics) or len(open(metrics).readlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] >= 4 and max(losses(out)) == ckpt["iter_num"] - 1
+
+
+def test_resume_model_and_eval_only(corpus, tmp_path):
+    base, ft = str(tmp_path / "base"), str(tmp_path / "ft")
+    run_cli(tiny_args(corpus, base, max_iters=6, max_new_tokens=0), check=True)
+    # fine-tune: weights from model_dir, new optimizer, iteration 0; the shape comes from the
+    # checkpoint even if the config says otherwise (with a notice)
+    proc = run_cli(tiny_args(corpus, ft, init_from="resume_model", model_dir=base, dataset_name="filter-Twist",
+                             dim=64, max_iters=3, max_new_tokens=0, lr_scheduling=False), check=True)
+    assert "notice: model shape taken from" in proc.stdout
+    assert sorted(losses(ft)) == [0, 1, 2]
+    proc = run_cli(tiny_args(corpus, base, init_from="resume_train", eval_only=True, max_new_tokens=0), check=True)
+    assert "loss/test" in proc.stdout
+
+
+def test_bad_input_errors(corpus, tmp_path):
+    out = str(tmp_path / "bad")
+    assert_one_line_error(run_cli(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
+    assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="resume_train")), "no checkpoint")
+    assert_one_line_error(run_cli(tiny_args(corpus, out, vocab_size=512)), "512")

@@ -1,0 +1,391 @@
+"""The one training loop, shared by train.py (language modelling) and finetune_t0.py (packed
+multitask finetuning), plus the run setup both need: device/dtype, DDP, model initialisation
+(scratch / resume_train / resume_model), checkpoints with exact resume.
+
+A driver hands the Trainer:
+  - a batch source: an iterator whose items are (x, y) or dicts of model.forward keyword arguments
+    (tokens, targets, attn_mask, position_ids, loss_weights) plus an optional "loss_scale" (the
+    factor applied to model.last_loss before backward; default 1/micro-steps), and which has
+    state_dict() / load_state_dict() so a checkpoint can store its position;
+  - an evaluate(model, iter_num, generations) callable returning a dict of metrics (and logging
+    any tables itself through trainer.logger).
+
+The loop, per iteration: set LR -> evaluate (on schedule) -> checkpoint (on schedule) -> stop?
+-> micro-steps (a fresh batch each, gradient sync only on the last) -> clip -> step -> log.
+Host syncs happen only on log steps and before checkpoints (NaN check).
+"""
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import checkpoint as ckpt_lib
+from distributed import all_reduce_max, all_reduce_mean, cleanup, init_distributed
+from errors import UserError
+from metrics import MetricsLogger
+from model import ModelArgs, Transformer
+from optim import build_optimizer, lr_at, optimizer_param_names, set_lr
+
+# dense bf16 peak FLOP/s by device name substring, for MFU (override with peak_flops=...)
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+MODEL_SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "multiple_of", "tie_embeddings")
+
+
+class TrainingDiverged(UserError):
+    pass
+
+
+# ---------------------------------------------------------------------- run setup
+
+def resolve_device(cfg):
+    if cfg.get("device"):
+        return cfg["device"]
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_dtype(cfg, device):
+    dtype = cfg.get("dtype") or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported()
+                                 else "float16" if device.startswith("cuda") else "float32")
+    if dtype not in ("float32", "float64", "bfloat16", "float16"):
+        raise UserError(f"dtype must be float32, float64, bfloat16 or float16, not '{dtype}'")
+    return dtype
+
+
+class Run:
+    """Device, precision and process-group facts of this process."""
+
+    def __init__(self, cfg):
+        device = resolve_device(cfg)
+        self.dist = init_distributed(device)
+        self.device = self.dist.device
+        self.device_type = "cuda" if self.device.startswith("cuda") else ("mps" if self.device.startswith("mps") else "cpu")
+        self.dtype = resolve_dtype(cfg, self.device)
+        self.master = self.dist.is_master
+        # fp32 / fp64 run without autocast; half precision autocasts matmuls, weights stay fp32
+        self.param_dtype = torch.float64 if self.dtype == "float64" else torch.float32
+        if self.dtype in ("bfloat16", "float16"):
+            self.autocast = torch.amp.autocast(device_type=self.device_type, dtype=getattr(torch, self.dtype))
+        else:
+            self.autocast = nullcontext()
+        if self.device_type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+    def peak_flops(self, cfg):
+        if cfg.get("peak_flops"):
+            return cfg["peak_flops"]
+        if self.device_type == "cuda" and self.dtype in ("bfloat16", "float16"):
+            name = torch.cuda.get_device_name(self.device)
+            for key, flops in PEAK_FLOPS.items():
+                if key in name:
+                    return flops
+        return None
+
+    def close(self):
+        cleanup(self.dist)
+
+
+def seed_everything(seed):
+    import random
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def model_args_from_config(cfg) -> ModelArgs:
+    return ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
+                     n_kv_heads=cfg.get("n_kv_heads") or cfg["n_heads"], vocab_size=cfg["vocab_size"],
+                     hidden_dim=cfg.get("hidden_dim") or None, multiple_of=cfg["multiple_of"],
+                     max_seq_len=cfg["max_seq_len"], dropout=cfg.get("dropout", 0.0),
+                     tie_embeddings=cfg.get("tie_embeddings", True))
+
+
+def init_model(cfg, run: Run, log=print):
+    """Return (model, loaded checkpoint or None) for cfg['init_from']; pass the checkpoint to
+    Trainer only for resume_train (see `training_state`).
+
+    scratch       a new model from the config's shape.
+    resume_train  continue the run in out_dir (everything restored later by Trainer).
+    resume_model  weights of model_dir/ckpt.pt, fresh optimizer and iteration 0 (fine-tuning).
+    On resume the shape comes from the checkpoint (so a grown checkpoint resumes with the small
+    model's config file); max_seq_len and dropout come from the config.
+    """
+    init_from = cfg["init_from"]
+    if init_from == "scratch":
+        model, ckpt = Transformer(model_args_from_config(cfg)), None
+    elif init_from in ("resume_train", "resume", "resume_model"):
+        where = cfg["out_dir"] if init_from in ("resume_train", "resume") else cfg.get("model_dir")
+        if not where:
+            raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
+        path = where if where.endswith(".pt") else os.path.join(where, "ckpt.pt")
+        if not os.path.exists(path):
+            hint = "train one first or check --out_dir" if init_from != "resume_model" else "check --model_dir"
+            raise UserError(f"init_from={init_from}: no checkpoint at {path} ({hint})")
+        ckpt = ckpt_lib.load_checkpoint(path)
+        saved = ckpt["model_args"]
+        differs = [f"{k}={saved.get(k)} (config {cfg.get(k)})" for k in MODEL_SHAPE_KEYS
+                   if k in cfg and k in saved and cfg.get(k) not in (None, 0) and saved.get(k) is not None
+                   and saved.get(k) != cfg.get(k)]
+        if differs and run.master:
+            log(f"notice: model shape taken from {path}: " + ", ".join(differs))
+        model = ckpt_lib.model_from_checkpoint(ckpt, max_seq_len=cfg["max_seq_len"], dropout=cfg.get("dropout", 0.0))
+    else:
+        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{init_from}'")
+    return model.to(device=run.device, dtype=run.param_dtype), ckpt
+
+
+def training_state(cfg, ckpt):
+    """The checkpoint whose optimizer/iteration/RNG/loader state a Trainer should restore."""
+    return ckpt if cfg["init_from"] in ("resume_train", "resume") else None
+
+
+# ---------------------------------------------------------------------- the loop
+
+class Trainer:
+    def __init__(self, cfg, run: Run, model, batches, evaluate, ckpt=None, best_metric="loss/test",
+                 tokens_per_micro_batch=None):
+        self.cfg, self.run, self.batches, self.evaluate = cfg, run, batches, evaluate
+        self.best_metric = best_metric
+        self.world = run.dist.world_size
+        accum = cfg["gradient_accumulation_steps"]
+        if accum % self.world != 0:
+            raise UserError(f"gradient_accumulation_steps={accum} must be divisible by the number of processes ({self.world})")
+        self.micro_steps = accum // self.world
+        self.tokens_per_iter = accum * (tokens_per_micro_batch or cfg["batch_size"] * cfg["max_seq_len"])
+        self.iter_num, self.best_val_loss = 0, 1e9
+        self.lr_rewarmup, self.param_overrides = None, None
+        self.scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
+        self.out_dir = cfg["out_dir"]
+        self.install(model, ckpt)
+        self.start_iter = self.iter_num
+        resume_iter = self.iter_num if ckpt is not None else None
+        self.logger = MetricsLogger(self.out_dir, cfg, enabled=run.master, resume_iter=resume_iter)
+        self.stop_requested = False
+
+    # -- model / optimizer / state
+
+    def install(self, raw_model, ckpt=None):
+        """(Re)build optimizer and wrappers around `raw_model`; restore state from `ckpt`.
+        Also used after in-run growth, with a checkpoint-like dict of the grown state."""
+        self.raw_model = raw_model
+        if ckpt is not None and ckpt.get("optimizer") is not None:
+            self.param_overrides = ckpt.get("param_overrides")
+        self.optimizer = build_optimizer(raw_model, self.cfg, self.param_overrides)
+        if ckpt is not None and ckpt.get("optimizer") is not None:
+            self.restore(ckpt)
+        model = raw_model
+        if self.cfg.get("compile"):
+            if self.run.master:
+                print("compiling the model... (takes a ~minute)")
+            model = torch.compile(model)
+        if self.run.dist.enabled:
+            ids = [self.run.dist.local_rank] if self.run.device_type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        self.model = model
+
+    def restore(self, ckpt):
+        saved_names = ckpt.get("param_names")
+        names = optimizer_param_names(self.optimizer)
+        if saved_names is not None and list(saved_names) != names:
+            raise UserError("the checkpoint's optimizer state does not match the model's parameters "
+                            f"({len(saved_names)} saved vs {len(names)} now); was the checkpoint edited by hand?")
+        if ckpt.get("optimizer_name", "adamw") != self.cfg.get("optimizer", "adamw"):
+            raise UserError(f"checkpoint was trained with optimizer={ckpt.get('optimizer_name')}, config says "
+                            f"{self.cfg.get('optimizer', 'adamw')}; use init_from=resume_model to switch")
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.iter_num = ckpt["iter_num"]
+        self.best_val_loss = ckpt.get("best_val_loss", 1e9)
+        self.lr_rewarmup = ckpt.get("lr_rewarmup")
+        if ckpt.get("scaler") is not None:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        if ckpt.get("loader") is not None and hasattr(self.batches, "load_state_dict"):
+            self.batches.load_state_dict(ckpt["loader"])
+        if ckpt.get("rng") is not None:
+            ckpt_lib.set_rng_state(ckpt["rng"])
+            # each rank saved rank 0's state; offset so dropout masks differ across ranks
+            if self.run.dist.rank:
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + self.run.dist.rank)
+
+    def checkpoint_dict(self, loader_state):
+        return {
+            "format_version": ckpt_lib.FORMAT_VERSION,
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "optimizer_name": self.cfg.get("optimizer", "adamw"),
+            "param_names": optimizer_param_names(self.optimizer),
+            "param_overrides": self.param_overrides,
+            "lr_rewarmup": self.lr_rewarmup,
+            "model_args": ckpt_lib.model_args_dict(self.raw_model),
+            "iter_num": self.iter_num,
+            "best_val_loss": self.best_val_loss,
+            "config": dict(self.cfg),
+            "rng": ckpt_lib.rng_state(),
+            "loader": loader_state,
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+        }
+
+    def save(self, loader_state, name="ckpt.pt"):
+        self.check_finite(weights=True)
+        if self.run.master:
+            path = os.path.join(self.out_dir, name)
+            ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state), path)
+            print(f"saved checkpoint to {path} (iter {self.iter_num})")
+
+    # -- NaN guard without per-step host syncs: remember the first bad iteration on device
+
+    def check_finite(self, weights=False):
+        # local check (no collective, so it may run on rank 0 alone); NaN gradients reach every
+        # rank through the all-reduce, and torchrun stops the other ranks when one exits.
+        # Before a checkpoint the weights are checked too: a step can overflow them while the
+        # loss that produced it was still finite.
+        bad = int(self.first_bad_iter.item())
+        if bad < 0 and weights and not bool(torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()]).all()):
+            bad = self.iter_num - 1
+        if bad >= 0:
+            ckpt_path = os.path.join(self.out_dir, "ckpt.pt")
+            kept = f"last good checkpoint kept at {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
+            raise TrainingDiverged(f"loss or weights became nan/inf at iteration {bad}; training stopped, {kept}")
+
+    # -- schedule
+
+    def is_eval_iter(self, it):
+        c = self.cfg
+        fine = c.get("finegrained_log_iters", 0)
+        if fine and it <= fine and it % max(1, c.get("finegrained_eval_interval") or fine // 10) == 0:
+            return True, True
+        if it % c["eval_interval"] == 0 or it == c["max_iters"]:
+            mult = max(1, c.get("generation_eval_interval_multiplier", 1))
+            return True, (it % (c["eval_interval"] * mult) == 0 or it == c["max_iters"])
+        return False, False
+
+    def run_eval(self, it, generations):
+        was_training = self.raw_model.training
+        self.raw_model.eval()
+        with torch.no_grad(), self.run.autocast:
+            metrics = self.evaluate(self.raw_model, it, generations)
+        self.raw_model.train(was_training)
+        if metrics:
+            best = metrics.get(self.best_metric)
+            improved = best is not None and best < self.best_val_loss
+            if improved:
+                self.best_val_loss = float(best)
+            parts = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+            print(f"step {it}: {parts}")
+            self.logger.log({"iter": it, **metrics, "best_val_loss": self.best_val_loss}, kind="eval")
+            return improved
+        return False
+
+    # -- the loop
+
+    def fit(self):
+        cfg, run = self.cfg, self.run
+        self.first_bad_iter = torch.full((), -1, dtype=torch.long, device=run.device)
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if run.master or not run.dist.enabled else None
+        try:
+            return self._fit()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            self.logger.close()
+
+    def _on_sigint(self, signum, frame):
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        print("\ninterrupt: finishing this iteration and saving a checkpoint (Ctrl-C again to abort)", file=sys.stderr)
+        self.stop_requested = True
+
+    def _next_batch(self):
+        batch = next(self.batches)
+        if isinstance(batch, (tuple, list)):
+            batch = {"tokens": batch[0], "targets": batch[1]}
+        return batch
+
+    def _fit(self):
+        cfg, run = self.cfg, self.run
+        ckpt_interval = cfg.get("checkpoint_interval") or cfg["eval_interval"]
+        peak = run.peak_flops(cfg)
+        loader_state = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        batch = self._next_batch()
+        t0 = time.time()
+        loss_sum = torch.zeros((), device=run.device)
+        iters_since_log = 0
+        while True:
+            it = self.iter_num
+            lr = lr_at(it, cfg, self.lr_rewarmup)
+            set_lr(self.optimizer, lr)
+
+            do_eval, do_gen = self.is_eval_iter(it)
+            if cfg.get("eval_only"):
+                do_eval, do_gen = True, True
+            if do_eval and run.master:
+                improved = self.run_eval(it, do_gen)
+                if improved and cfg.get("save_best_model") and it > 0 and not cfg.get("eval_only"):
+                    self.save(loader_state, "ckpt_best.pt")
+            if cfg.get("eval_only"):
+                return "eval_only"
+            stop = self.stop_requested
+            if run.dist.enabled:  # every rank must stop at the same iteration
+                stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
+            if it > self.start_iter and (it % ckpt_interval == 0 or it >= cfg["max_iters"] or stop):
+                self.save(loader_state)
+            if it >= cfg["max_iters"]:
+                return "done"
+            if stop:
+                print(f"stopped at iteration {it}; resume with --init_from=resume_train --out_dir={self.out_dir}")
+                return "interrupted"
+
+            # forward / backward over micro-batches, each a fresh batch
+            for micro_step in range(self.micro_steps):
+                if run.dist.enabled:
+                    self.model.require_backward_grad_sync = micro_step == self.micro_steps - 1
+                scale = batch.pop("loss_scale", 1.0 / self.micro_steps)
+                with run.autocast:
+                    self.model(**batch)
+                    loss = self.raw_model.last_loss * scale
+                # fetch the next batch while the device works (prefetch); remember the position
+                # just before the first batch of each iteration for checkpoints
+                if micro_step == self.micro_steps - 1:
+                    loader_state = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+                batch = self._next_batch()
+                self.scaler.scale(loss).backward()
+                loss_sum += loss.detach().float()
+            if cfg.get("grad_clip", 0.0) > 0.0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg["grad_clip"])
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.first_bad_iter = torch.where((self.first_bad_iter < 0) & ~torch.isfinite(loss_sum),
+                                              torch.tensor(it, device=run.device), self.first_bad_iter)
+            iters_since_log += 1
+            self.iter_num = it + 1
+
+            if it % cfg["log_interval"] == 0:
+                # one host sync per log step; the loss is the global mean over micro-steps and ranks
+                lossf = all_reduce_mean(loss_sum / iters_since_log, run.dist).item()
+                t1 = time.time()
+                dt = (t1 - t0) / iters_since_log
+                t0 = t1
+                if not math.isfinite(lossf):
+                    self.check_finite()
+                tokens_per_s = self.tokens_per_iter / dt
+                mfu = self.raw_model.estimate_mfu(self.tokens_per_iter, dt, peak, cfg["max_seq_len"])
+                if run.master:
+                    mfu_s = f" | mfu {mfu * 100:.2f}%" if mfu is not None else ""
+                    print(f"{it} | loss {lossf:.4f} | lr {lr:e} | {dt * 1000:.2f}ms | {tokens_per_s:,.0f} tok/s{mfu_s}")
+                    rec = {"iter": it, "loss/train": lossf, "lr": lr, "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s}
+                    if mfu is not None:
+                        rec["mfu"] = mfu
+                    self.logger.log(rec, kind="train", wandb_prefix_map={"loss/train": "train/loss"})
+                loss_sum.zero_()
+                iters_since_log = 0
