@@ -167,3 +167,22 @@ def test_bad_input_errors(corpus, tmp_path):
     assert_one_line_error(run_cli(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
     assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="resume_train")), "no checkpoint")
     assert_one_line_error(run_cli(tiny_args(corpus, out, vocab_size=512)), "512")
+
+
+def test_wandb_offline_and_broken_wandb_never_stop_training(corpus, tmp_path):
+    out = str(tmp_path / "wb")
+    proc = run_cli(tiny_args(corpus, out, max_iters=3, eval_interval=2, wandb_log=True, wandb_run_name="t",
+                             save_best_model=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = os.listdir(os.path.join(out, "wandb"))  # wandb files live in the run folder
+    assert any(d.startswith("offline-run") for d in runs), runs
+    assert os.path.exists(os.path.join(out, "ckpt_best.pt"))
+    assert sorted(losses(out)) == [0, 1, 2]
+    # a wandb whose init raises (no server, no login, ...): a warning, and training goes on
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "wandb.py").write_text("def init(**kw):\n    raise RuntimeError('no server')\n")
+    out2 = str(tmp_path / "wb2")
+    proc = run_cli(tiny_args(corpus, out2, max_iters=3, wandb_log=True), env={"PYTHONPATH": str(fake)})
+    assert proc.returncode == 0 and "wandb could not start" in proc.stderr
+    assert sorted(losses(out2)) == [0, 1, 2]

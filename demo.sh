@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README Quickstart's main job, end to end on the built-in procedural corpus (no download):
+# synthesize raw shards -> train a 512-piece tokenizer -> pretokenize -> train a tiny model on the
+# CPU -> sample a story for an instruction header. Extra arguments go to train.py, e.g.
+#   bash demo.sh --max_iters=100
+# DEMO_SHARDS / DEMO_STORIES shrink the corpus (the CI test uses a small one).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+DATA=${DATA:-data/demo}
+OUT=${OUT:-out/demo}
+
+$PY tinystories.py synthesize --data_cache_dir="$DATA" --num_shards="${DEMO_SHARDS:-8}" --stories_per_shard="${DEMO_STORIES:-3000}"
+$PY tinystories.py train_vocab --data_cache_dir="$DATA" --vocab_size=512
+$PY tinystories.py pretokenize --data_cache_dir="$DATA" --vocab_size=512
+$PY train.py configs/tiny_demo.py --data_cache_dir="$DATA" --out_dir="$OUT" "$@"
+echo
+echo "=== a story sampled from $OUT/ckpt.pt ==="
+$PY sample.py --checkpoint="$OUT/ckpt.pt" --temperature=0.8 --top_k=40 --max_new_tokens=220 \
+    --start='Words: fix, lamp, plain\nFeatures: Dialogue, Twist\nStory:'
