@@ -7,8 +7,10 @@ plus what exact resume and growth need:
     optimizer_name      "adamw" | "adafactor"
     param_names         names of the optimizer's parameters in state-dict index order, so that
                         optimizer state can be remapped by name (growth), never by position
-    param_overrides     {name: {"lr_scale": s, "eps": e}} per-parameter optimizer settings
-    lr_rewarmup         {"start": iter, "iters": n} or None: a short LR re-warmup after growth
+    param_overrides     {name: {"lr_scale", "eps", "weight_decay_scale", "clip_weight"}} per-parameter
+                        optimizer settings (exact-mode growth, grow.py)
+    lr_rewarmup         {"start": iter, "iters": n, "shift": k} or None: after target-mode growth the
+                        LR schedule is read at iter_num - k, with a linear re-warmup from `start`
     rng                 python / numpy / torch (/ cuda) generator states
     loader              the training data loader's position (data.BatchLoader.state_dict())
     scaler              GradScaler state (fp16) or None
@@ -79,6 +81,8 @@ def model_from_checkpoint(ckpt: dict, **arg_overrides) -> Transformer:
     if "output.weight" not in state and "tok_embeddings.weight" in state and args.tie_embeddings:
         state["output.weight"] = state["tok_embeddings.weight"]
     model = Transformer(args)
+    if state["tok_embeddings.weight"].dtype == torch.float64:
+        model = model.double()  # loading fp64 weights into an fp32 model would round them
     load_weights(model, state)
     return model
 

@@ -4,6 +4,7 @@ Every command-line entry point wraps its main() with `cli_main`, and library cod
 `UserError` for anything the user can fix (bad flag, missing dataset, incompatible checkpoint).
 Genuine bugs still raise ordinary exceptions and show a traceback.
 """
+import argparse
 import sys
 
 
@@ -19,3 +20,10 @@ def cli_main(main, *args, **kwargs):
         msg = " ".join(str(e).split("\n"))
         print(f"error: {msg}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
+
+    def error(self, message):
+        raise UserError(message)

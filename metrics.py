@@ -11,6 +11,17 @@ import os
 import sys
 import time
 
+# the wandb keys of every driver's config (wandb_mode: "" = wandb's own default / WANDB_MODE,
+# or online | offline | disabled)
+WANDB_CONFIG_DEFAULTS = dict(
+    wandb_log=False,
+    wandb_project="tinystories-lab",
+    wandb_run_name="",
+    wandb_entity="",
+    wandb_tags=[],
+    wandb_mode="",
+)
+
 
 def _jsonable(v):
     if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:

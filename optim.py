@@ -3,9 +3,10 @@
 build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
 fused on CUDA, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
 parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
-(growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e}} that exact
-growth needs. lr_at(it, cfg) is the schedule: constant, or linear warmup + cosine to min_lr,
-optionally multiplied by a re-warmup ramp after growth.
+(growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e,
+"weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is
+the schedule: constant, or linear warmup + cosine to min_lr, optionally moved back and multiplied
+by a re-warmup ramp after growth.
 """
 import math
 
@@ -17,14 +18,14 @@ OPTIMIZERS = ("adamw", "adafactor")
 
 
 def param_groups(model, weight_decay, overrides=None):
-    """Group parameters by (decay?, lr_scale, eps); each group lists its parameter names."""
+    """Group parameters by (decay, lr_scale, eps); each group lists its parameter names."""
     overrides = overrides or {}
     groups = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         ov = overrides.get(name, {})
-        decay = weight_decay if p.dim() >= 2 else 0.0
+        decay = weight_decay * ov.get("weight_decay_scale", 1.0) if p.dim() >= 2 else 0.0
         key = (decay, ov.get("lr_scale", 1.0), ov.get("eps"))
         g = groups.setdefault(key, {"params": [], "param_names": [], "weight_decay": decay,
                                     "lr_scale": ov.get("lr_scale", 1.0)})
@@ -63,9 +64,13 @@ def lr_at(it, cfg, rewarmup=None):
     lr_scheduling=False (the "no_lrs" configs): constant learning_rate.
     Otherwise: linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters
     (default max_iters), constant min_lr after. decay_lr=False also gives a constant rate.
-    rewarmup={"start": s, "iters": n}: multiply by a linear ramp from s to s+n (after growth).
+    rewarmup={"start": s, "iters": n, "shift": k} (after target-mode growth): the schedule is read
+    at position it - k, and multiplied by a linear ramp from iteration s to s+n.
     """
     lr = cfg["learning_rate"]
+    run_it = it
+    if rewarmup:
+        it = it - rewarmup.get("shift", 0)
     if cfg.get("lr_scheduling", True) and cfg.get("decay_lr", True):
         warmup = cfg.get("warmup_iters", 0)
         decay_iters = cfg.get("lr_decay_iters") or cfg["max_iters"]
@@ -77,9 +82,24 @@ def lr_at(it, cfg, rewarmup=None):
         else:
             ratio = (it - warmup) / max(1, decay_iters - warmup)
             lr = min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-    if rewarmup and rewarmup.get("iters", 0) > 0 and it >= rewarmup["start"]:
-        lr *= min(1.0, (it - rewarmup["start"] + 1) / rewarmup["iters"])
+    if rewarmup and rewarmup.get("iters", 0) > 0 and run_it >= rewarmup["start"]:
+        lr *= min(1.0, (run_it - rewarmup["start"] + 1) / rewarmup["iters"])
     return lr
+
+
+def clip_grad_norm(model, max_norm, overrides=None):
+    """torch.nn.utils.clip_grad_norm_, except that a parameter with an override "clip_weight" w
+    adds w * |grad|^2 to the squared norm: after exact width growth the norm is measured in the
+    small model's units, so clipping scales the gradients exactly as it would have there."""
+    weights = {n: ov["clip_weight"] for n, ov in (overrides or {}).items() if "clip_weight" in ov}
+    if not weights:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grads = [(weights.get(n, 1.0), p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    total = torch.stack([w * g.detach().pow(2).sum() for w, g in grads]).sum().sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for _, g in grads:
+        g.detach().mul_(coef.to(g.dtype))
+    return total
 
 
 def set_lr(optimizer, lr):

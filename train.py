@@ -9,17 +9,14 @@ Config keys and defaults follow the fine-tuning study's train.py (itself llama2.
 finetune_t0.py). This file adds what is specific to language modelling on TinyStories datasets:
 the data, the evaluation losses on named datasets, and the generation evaluation.
 """
-import json
-import os
-import sys
-
 import torch
 
 from adafactor import ADAFACTOR_CONFIG_DEFAULTS, apply_optimizer_preset
 from configurator import parse_config
 from errors import UserError, cli_main
+from metrics import WANDB_CONFIG_DEFAULTS
 from pretok_data import BatchLoader, check_dataset, dataset_dir
-from trainer import Run, Trainer, init_model, seed_everything, training_state
+from trainer import Run, Trainer, fit_and_close, init_model, seed_everything, training_state, write_run_config
 
 DEFAULTS = dict(
     # I/O
@@ -33,13 +30,7 @@ DEFAULTS = dict(
     eval_only=False,
     save_best_model=False,  # also keep out_dir/ckpt_best.pt, the best loss/test so far
     seed=1337,
-    # wandb (wandb_mode: "" = wandb's own default / WANDB_MODE, or online | offline | disabled)
-    wandb_log=False,
-    wandb_project="tinystories-lab",
-    wandb_run_name="",
-    wandb_entity="",
-    wandb_tags=[],
-    wandb_mode="",
+    **WANDB_CONFIG_DEFAULTS,  # wandb_log, wandb_project, wandb_run_name, wandb_entity, wandb_tags, wandb_mode
     # data
     batch_size=128,  # micro-batch size
     max_seq_len=256,
@@ -76,6 +67,13 @@ DEFAULTS = dict(
     min_lr=0.0,
     lr_decay_iters=0,  # 0: decay until max_iters
     **ADAFACTOR_CONFIG_DEFAULTS,  # optimizer=adafactor settings and presets (t0, hf_t5, bloomz_adam)
+    # staged training: in-run growth (grow.py; docs/growth.md)
+    grow_schedule="",  # e.g. "2000:weights,6000:layers": double width / depth after those iterations
+    grow_mode="target",  # target: schedule back to S_pre/c + LR re-warmup | exact: reproduce the small model
+    grow_symmetry_breaking="",  # random | split | blockdiag | off; "" = random (target), off (exact)
+    grow_c_width=1.776,  # S_target = S_pre / c after width growth
+    grow_c_depth=1.412,  # ... after depth growth
+    grow_rewarmup_iters=150,  # linear LR re-warmup after target-mode growth
     # generation evaluation
     temperature=1.0,
     top_k=0,  # 0: no top-k filtering
@@ -85,6 +83,8 @@ DEFAULTS = dict(
     generation_eval_interval_multiplier=1,  # generations every N evaluations
     finegrained_log_iters=0,  # >0: also evaluate (with generations) often during the first N iters
     finegrained_eval_interval=0,  # 0: finegrained_log_iters // 10
+    generation_datasets=[],  # which of "id" and eval_dataset_names get generations; [] = all of them
+    feature_eval="",  # a feature (e.g. Twist): judge generations, log gen_feature_score (evaluation/eval_features.py)
     # system
     device="",  # "" = auto: cuda, mps, cpu
     dtype="",  # "" = auto: bfloat16 on CUDA (float16 without bf16), float32 otherwise; float64 allowed
@@ -122,6 +122,16 @@ class LMEvaluator:
         for name in cfg["eval_dataset_names"]:
             self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
             self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
+        unknown = set(cfg.get("generation_datasets") or []) - set(self.gen_sets)
+        if unknown:
+            raise UserError(f"generation_datasets names {sorted(unknown)}, which are neither 'id' nor in eval_dataset_names")
+        if cfg.get("generation_datasets"):
+            self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in cfg["generation_datasets"]}
+        self.feature_score = None
+        if cfg.get("feature_eval") and run.master:
+            from evaluation.eval_features import FeatureScore, make_judge
+            self.feature_score = FeatureScore(make_judge(cfg["feature_eval"], cfg["data_cache_dir"], flag="feature_eval"))
+            print(f"feature_eval={cfg['feature_eval']}: judge {self.feature_score.judge.description}")
 
     def loader(self, data_dir, split, batch_size, split_on_bos=False):
         cfg = self.cfg
@@ -144,8 +154,12 @@ class LMEvaluator:
         if generations and self.cfg["max_new_tokens"] > 0:
             for name, data_dir in self.gen_sets.items():
                 rows = self.generate(model, data_dir, iter_num)
+                if self.feature_score is not None:
+                    self.feature_score.add(name, rows)
                 if self.logger is not None:
                     self.logger.log_table(f"generations/{name}", ["prefix", "clean_prefix", "generation", "target", "iter_num"], rows, iter_num)
+            if self.feature_score is not None:  # among prompts asking for the feature: pooled and per dataset
+                metrics.update(self.feature_score.metrics())
         return metrics
 
     def generate(self, model, data_dir, iter_num):
@@ -207,10 +221,8 @@ def main(argv=None):
         raise UserError(f"model vocabulary ({model.params.vocab_size}) does not match dataset "
                         f"'{cfg['dataset_name']}' (vocab {manifest['vocab_size']})")
     seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
+    write_run_config(cfg, run)
     if run.master:
-        os.makedirs(cfg["out_dir"], exist_ok=True)
-        with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1)
         print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, dim {model.params.dim}")
     batches = BatchLoader(dataset_dir(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"]), "train",
                           cfg["batch_size"], cfg["max_seq_len"], seed=cfg["seed"], rank=run.dist.rank,
@@ -219,12 +231,7 @@ def main(argv=None):
     evaluator = LMEvaluator(cfg, run, tokenizer)
     trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt))
     evaluator.logger = trainer.logger
-    try:
-        status = trainer.fit()
-    finally:
-        run.close()
-    if status == "interrupted":
-        sys.exit(130)
+    fit_and_close(trainer, run)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ The loop, per iteration: set LR -> evaluate (on schedule) -> checkpoint (on sche
 -> micro-steps (a fresh batch each, gradient sync only on the last) -> clip -> step -> log.
 Host syncs happen only on log steps and before checkpoints (NaN check).
 """
+import json
 import math
 import os
 import signal
@@ -30,7 +31,8 @@ from distributed import all_reduce_max, all_reduce_mean, cleanup, init_distribut
 from errors import UserError
 from metrics import MetricsLogger
 from model import ModelArgs, Transformer
-from optim import build_optimizer, lr_at, optimizer_param_names, set_lr
+from grow import grow_in_run, parse_grow_schedule
+from optim import build_optimizer, clip_grad_norm, lr_at, optimizer_param_names, set_lr
 
 # dense bf16 peak FLOP/s by device name substring, for MFU (override with peak_flops=...)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -149,6 +151,24 @@ def training_state(cfg, ckpt):
     return ckpt if cfg["init_from"] in ("resume_train", "resume") else None
 
 
+def write_run_config(cfg, run):
+    """out_dir/config.json: the run's resolved config (rank 0)."""
+    if run.master:
+        os.makedirs(cfg["out_dir"], exist_ok=True)
+        with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+
+
+def fit_and_close(trainer, run):
+    """A driver's last step: train, release the process group, exit 130 after a Ctrl-C stop."""
+    try:
+        status = trainer.fit()
+    finally:
+        run.close()
+    if status == "interrupted":
+        sys.exit(130)
+
+
 # ---------------------------------------------------------------------- the loop
 
 class Trainer:
@@ -171,6 +191,7 @@ class Trainer:
         resume_iter = self.iter_num if ckpt is not None else None
         self.logger = MetricsLogger(self.out_dir, cfg, enabled=run.master, resume_iter=resume_iter)
         self.stop_requested = False
+        self.grow_schedule = parse_grow_schedule(cfg)  # {iteration: "weights" | "layers"}
 
     # -- model / optimizer / state
 
@@ -258,14 +279,19 @@ class Trainer:
 
     # -- schedule
 
+    def end_iter(self):
+        # target-mode growth moves the LR schedule back by `shift` iterations; the run ends when
+        # the schedule position (iter_num - shift) reaches max_iters
+        return self.cfg["max_iters"] + (self.lr_rewarmup or {}).get("shift", 0)
+
     def is_eval_iter(self, it):
         c = self.cfg
         fine = c.get("finegrained_log_iters", 0)
         if fine and it <= fine and it % max(1, c.get("finegrained_eval_interval") or fine // 10) == 0:
             return True, True
-        if it % c["eval_interval"] == 0 or it == c["max_iters"]:
+        if it % c["eval_interval"] == 0 or it == self.end_iter():
             mult = max(1, c.get("generation_eval_interval_multiplier", 1))
-            return True, (it % (c["eval_interval"] * mult) == 0 or it == c["max_iters"])
+            return True, (it % (c["eval_interval"] * mult) == 0 or it == self.end_iter())
         return False, False
 
     def run_eval(self, it, generations):
@@ -290,7 +316,8 @@ class Trainer:
     def fit(self):
         cfg, run = self.cfg, self.run
         self.first_bad_iter = torch.full((), -1, dtype=torch.long, device=run.device)
-        previous = signal.signal(signal.SIGINT, self._on_sigint) if run.master or not run.dist.enabled else None
+        # every rank handles SIGINT (torchrun forwards it to all); they agree on the stop iteration
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             return self._fit()
         finally:
@@ -336,9 +363,9 @@ class Trainer:
             stop = self.stop_requested
             if run.dist.enabled:  # every rank must stop at the same iteration
                 stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
-            if it > self.start_iter and (it % ckpt_interval == 0 or it >= cfg["max_iters"] or stop):
+            if it > self.start_iter and (it % ckpt_interval == 0 or it >= self.end_iter() or stop):
                 self.save(loader_state)
-            if it >= cfg["max_iters"]:
+            if it >= self.end_iter():
                 return "done"
             if stop:
                 print(f"stopped at iteration {it}; resume with --init_from=resume_train --out_dir={self.out_dir}")
@@ -361,7 +388,7 @@ class Trainer:
                 loss_sum += loss.detach().float()
             if cfg.get("grad_clip", 0.0) > 0.0:
                 self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg["grad_clip"])
+                clip_grad_norm(self.raw_model, cfg["grad_clip"], self.param_overrides)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -389,3 +416,6 @@ class Trainer:
                     self.logger.log(rec, kind="train", wandb_prefix_map={"loss/train": "train/loss"})
                 loss_sum.zero_()
                 iters_since_log = 0
+            if self.iter_num in self.grow_schedule:
+                # after the step, so a checkpoint of iteration iter_num already holds the grown model
+                grow_in_run(self, self.grow_schedule[self.iter_num], batch)

@@ -31,6 +31,21 @@ def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
     return proc
 
 
+def kill_when_file_appears(args, path, timeout=300):
+    """Run `python <args>` and SIGKILL it as soon as `path` exists (e.g. its first checkpoint);
+    fails if the run ended before it could be killed."""
+    import signal
+    import time
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([PYTHON] + list(args), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+
+
 def assert_one_line_error(proc, *fragments):
     """Bad input: non-zero exit, a single 'error: ...' line on stderr, no traceback."""
     assert proc.returncode != 0, proc.stdout + proc.stderr

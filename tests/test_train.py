@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import PYTHON, REPO, assert_one_line_error, run_cli
+from conftest import PYTHON, REPO, assert_one_line_error, kill_when_file_appears, run_cli
 
 VOCAB = 1024
 
@@ -69,16 +69,8 @@ def test_exact_resume_after_sigkill(corpus, tmp_path):
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
     common = dict(max_iters=60, checkpoint_interval=10, eval_interval=20, max_new_tokens=0)
     run_cli(tiny_args(corpus, ref, **common), check=True)
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([PYTHON] + tiny_args(corpus, killed, **common), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt_path = os.path.join(killed, "ckpt.pt")
-    deadline = time.time() + 120
-    while not os.path.exists(ckpt_path) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_when_file_appears(tiny_args(corpus, killed, **common), ckpt_path)
     start = torch.load(ckpt_path, weights_only=True)["iter_num"]
     assert 10 <= start < 60
     run_cli(tiny_args(corpus, killed, init_from="resume_train", **common), check=True)
