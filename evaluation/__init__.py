@@ -1,0 +1,1 @@
+"""Evaluation tools: WikiText perplexity, LAMBADA, feature presence in generations, linear probes."""

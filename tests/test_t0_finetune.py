@@ -1,0 +1,143 @@
+"""finetune_t0.py end to end (in process, a tiny random base model on a small built-in multitask
+set): metrics per validation group and rank accuracy, the data report, fixed validation rows,
+the variants (prefix-LM, example normalisation, Adafactor t0, row mixing), presets, demo data
+and the bad-input list (one-line errors)."""
+import json
+import os
+
+import pytest
+import torch
+
+import checkpoint as ckpt_lib
+import finetune_t0
+from conftest import assert_one_line_error, run_cli
+from errors import UserError
+from t0_data import ExampleEncoder, load_mixture
+from t0_setup import TOK8192, make_t0_setup, read_metrics, t0_args, train_losses
+from tokenizer import Tokenizer
+from trainer import Run
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return make_t0_setup(str(tmp_path_factory.mktemp("t0")))
+
+
+def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
+    mixture, base = setup
+    out = str(tmp_path / "ft")
+    finetune_t0.main(t0_args(mixture, base, out, max_iters=8, eval_interval=4))
+    rows = read_metrics(out)
+    assert sorted(train_losses(out)) == list(range(8))
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 4, 8]
+    groups = ["hero", "object", "ending", "dialogue", "addition", "friend", "mood", "speech"]
+    for r in evals:
+        for g in groups:
+            assert r[f"loss/valid/{g}"] > 0 and 0.0 <= r[f"rank_acc/{g}"] <= 1.0
+        assert r["loss/valid"] == pytest.approx(sum(r[f"loss/valid/{g}"] for g in groups) / len(groups))
+        assert {"rank_acc_median", "rank_acc_median/held_out", "rank_acc_median/seen"} <= set(r)
+    assert evals[-1]["loss/valid"] < evals[0]["loss/valid"]  # it learns
+    assert 0.2 < evals[-1]["fill_rate/train"] <= 1.0
+    data = next(r for r in rows if r["kind"] == "data")["data"]
+    assert data["held_out"] == ["friend", "mood", "speech"]
+    assert data["sources"]["train"]["hero"]["examples"] == 40 and data["sources"]["valid"]["hero"]["rows"] == 10
+    report = json.load(open(os.path.join(out, "data_report.json")))
+    assert report["sources"] == data["sources"] and 0 < report["fill_rate_first_256_rows"] <= 1
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 8 and ckpt["config"]["max_seq_len"] == 128  # the base model's
+    assert os.path.isabs(ckpt["config"]["tokenizer_model"]) and ckpt["loader"]["stream"]["rows"] > 0
+
+
+def test_validation_rows_are_fixed_and_groups_separate(setup):
+    mixture, base = setup
+    cfg = finetune_t0.parse_config(finetune_t0.DEFAULTS, t0_args(mixture, base, "unused", max_seq_len=128))
+    enc = ExampleEncoder(Tokenizer(TOK8192))
+    data = finetune_t0.T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
+    model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
+    ev = finetune_t0.T0Evaluator(cfg, Run(cfg), data, enc, data.stream(cfg))
+    assert ev.groups[0]["arrays"][0].shape == (4, 129)  # eval_iters * batch_size rows
+    with torch.no_grad():
+        a, b = ev(model, 0, False), ev(model, 1, False)
+        model.layers[0].attention.wq.weight.mul_(1.5)
+        c = ev(model, 2, False)
+    assert a == b  # the same rows and examples at every evaluation
+    assert c["loss/valid/hero"] != a["loss/valid/hero"] and c["loss/valid/mood"] != a["loss/valid/mood"]
+    assert len({a[f"loss/valid/{g}"] for g in ("hero", "mood", "addition")}) == 3  # each group on its own rows
+
+
+def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
+    mixture, base = setup
+    out = str(tmp_path / "var")
+    finetune_t0.main(t0_args(mixture, base, out, prefixlm=True, loss_normalization="example", adafactor_preset="t0",
+                             mixing="row", max_iters=6, eval_interval=3, max_seq_len=100))
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    assert evals[-1]["loss/valid"] < evals[0]["loss/valid"]
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    # the preset's settings, except what the user set (learning_rate)
+    assert ckpt["optimizer_name"] == "adafactor" and ckpt["config"]["grad_clip"] == 0.0
+    assert ckpt["config"]["learning_rate"] == 3e-3 and ckpt["config"]["lr_scheduling"] is False
+    assert ckpt["config"]["max_seq_len"] == 100 and ckpt["model_args"]["max_seq_len"] == 100
+
+
+def test_presets_fill_finetuning_keys_unless_set():
+    cfg = finetune_t0.apply_presets({**finetune_t0.DEFAULTS, "adafactor_preset": "bloomz_adam"})
+    assert (cfg["loss_normalization"], cfg["learning_rate"], cfg["weight_decay"]) == ("example", 2e-5, 1e-4)
+    cfg = finetune_t0.apply_presets({**finetune_t0.DEFAULTS, "adafactor_preset": "bloomz_adam",
+                                     "loss_normalization": "token_microbatch"})
+    assert cfg["loss_normalization"] == "token_microbatch"
+
+
+def test_make_demo_data(tmp_path):
+    finetune_t0.main([f"--make_demo_data={tmp_path / 'demo'}"])
+    mixture = json.load(open(tmp_path / "demo" / "mixture.json"))
+    assert [s["name"] for s in mixture["train"]] == ["hero", "object", "ending", "dialogue", "addition"]
+    assert [s["name"] for s in mixture["valid"]] == [s["name"] for s in mixture["train"]] + ["friend", "mood", "speech"]
+    for s in mixture["train"] + mixture["valid"]:
+        rows = [json.loads(l) for l in open(tmp_path / "demo" / s["path"])]
+        assert len(rows) > 100 and all(r["targets"] in r["answer_choices"] for r in rows)
+        if s["name"] in ("ending", "dialogue", "mood", "speech"):  # balanced answers
+            first = sum(r["targets"] == r["answer_choices"][0] for r in rows)
+            assert abs(first / len(rows) - 0.5) < 0.05, (s["name"], first, len(rows))
+
+
+def bad_mixture(tmp_path, train_entry, valid_entry=None):
+    path = tmp_path / f"bad{len(list(tmp_path.glob('bad*.json')))}.json"
+    path.write_text(json.dumps({"train": [train_entry], "valid": [valid_entry] if valid_entry else []}))
+    return str(path)
+
+
+def test_bad_input_list(setup, tmp_path):
+    mixture, base = setup
+    demo = os.path.dirname(mixture)
+    hero = os.path.join(demo, "hero_train.jsonl")
+    cases = [
+        (t0_args(str(tmp_path / "nope.json"), base, "o"), "mixture file"),
+        (t0_args(bad_mixture(tmp_path, {"name": "h", "path": hero, "weight": 0}), base, "o"), "field 'weight'"),
+        (t0_args(bad_mixture(tmp_path, {"name": "h", "path": hero, "weight": 1}, {"name": "v", "path": hero}), base, "o"),
+         "overlaps training"),
+        (t0_args(mixture, base, "o", max_seq_len=20), "shorter than the shortest example"),
+        (t0_args(mixture, base, "o", max_seq_len=1000), "exceeds the base model's 128"),
+        (t0_args(mixture, str(tmp_path / "nobase"), "o"), "no checkpoint"),
+        (t0_args(mixture, base, "o", loss_normalization="tokens"), "loss_normalization"),
+    ]
+    for argv, fragment in cases:
+        with pytest.raises(UserError, match=fragment):
+            finetune_t0.main(argv)
+    # a copy of training examples under another file name is found by hashing inputs + targets
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text(open(hero).read().splitlines()[3] + "\n")
+    with pytest.raises(UserError, match="shares 1 of 1 examples"):
+        finetune_t0.main(t0_args(bad_mixture(tmp_path, {"name": "h", "path": hero}, {"name": "v", "path": str(copy)}), base, "o"))
+    nofields = tmp_path / "nofields.jsonl"
+    nofields.write_text('{"question": "q", "answer": "a"}\n')
+    with pytest.raises(UserError, match="no string fields 'inputs' and 'targets'"):
+        finetune_t0.main(t0_args(bad_mixture(tmp_path, {"name": "n", "path": str(nofields)}), base, "o"))
+
+
+def test_cli_errors_are_one_line(setup, tmp_path):
+    mixture, base = setup
+    hub = bad_mixture(tmp_path, {"name": "copa", "hf": "bigscience/P3", "config": "copa_best_option"})
+    # conftest keeps the hub offline (HF_DATASETS_OFFLINE=1): a clear line, no network, no retries
+    assert_one_line_error(run_cli(["finetune_t0.py"] + t0_args(hub, base, str(tmp_path / "o"))),
+                          "hub source 'copa'", "offline")

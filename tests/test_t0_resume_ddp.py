@@ -1,0 +1,50 @@
+"""finetune_t0.py in subprocesses: a run killed with SIGKILL and resumed with init_from=resume_train
+reproduces the uninterrupted run's losses bit for bit (model, optimizer, RNG and the packed-row
+stream are all restored), and 2-process CPU DDP gives the 1-process losses (the global batch and
+its loss normaliser do not depend on the number of processes)."""
+import os
+
+import pytest
+import torch
+
+import finetune_t0
+from conftest import kill_when_file_appears, run_cli
+from t0_setup import make_t0_setup, t0_args, train_losses
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return make_t0_setup(str(tmp_path_factory.mktemp("t0")))
+
+
+def test_exact_resume_after_sigkill(setup, tmp_path):
+    mixture, base = setup
+    ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
+    # dropout and example normalisation: RNG state and loss weights must both come back exactly
+    common = dict(max_iters=16, checkpoint_interval=4, eval_interval=100, rank_eval_examples=0, dropout=0.1,
+                  loss_normalization="example", optimizer="adafactor")
+    run_cli(["finetune_t0.py"] + t0_args(mixture, base, ref, **common), check=True)
+    ckpt_path = os.path.join(killed, "ckpt.pt")
+    kill_when_file_appears(["finetune_t0.py"] + t0_args(mixture, base, killed, **common), ckpt_path)
+    start = torch.load(ckpt_path, weights_only=True)["iter_num"]
+    assert 4 <= start < 16
+    run_cli(["finetune_t0.py"] + t0_args(mixture, base, killed, init_from="resume_train", **common), check=True)
+    a, b = train_losses(ref), train_losses(killed)
+    assert sorted(b) == list(range(16))
+    for it in range(start, 16):
+        assert a[it] == b[it], (it, a[it], b[it])  # bit for bit
+
+
+def test_ddp_two_processes_equal_one(setup, tmp_path):
+    mixture, base = setup
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    common = dict(max_iters=5, eval_interval=100, rank_eval_examples=0, gradient_accumulation_steps=2)
+    finetune_t0.main(t0_args(mixture, base, one, **common))  # the 1-process reference, in this process
+    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "finetune_t0.py"]
+                   + t0_args(mixture, base, two, **common))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = train_losses(one), train_losses(two)
+    assert sorted(a) == sorted(b) == list(range(5))
+    for it in a:
+        assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
+    assert a[4] < a[0]
