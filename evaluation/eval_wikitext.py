@@ -1,0 +1,121 @@
+"""WikiText perplexity of a checkpoint, with a sliding window (../shared/spec/interop.md §5).
+
+    python evaluation/eval_wikitext.py --checkpoint=out/ckpt.pt                      # HF wikitext-103-raw-v1 test
+    python evaluation/eval_wikitext.py --checkpoint=out/ckpt.pt --data=test.txt --stride=256
+    python evaluation/eval_wikitext.py --checkpoint=hf_llama_dir --data=wiki.parquet --window=512
+
+The rows (a .txt file's lines, a .jsonl's or .parquet's `text`, or the HF test split) are
+tokenized one by one and concatenated with no separator (`--join=rows`, the staged-training
+convention) or joined with "\\n\\n" and tokenized once (`--join=text`, the HF guide's). Windows
+of `--window` tokens (default: the model's max_seq_len) start every `--stride` tokens; each window
+scores only the tokens no earlier window scored, so every token is scored exactly once, with up
+to window - 1 tokens of context. With --bos (default; our models start documents with BOS) each
+window is fed as [BOS] + its tokens and the first token of the stream is scored too;
+--no-bos with stride = window is the plain non-overlapping block evaluation (the first token
+of each block is context only).
+
+Reported: token-level perplexity exp(sum NLL / scored tokens) (depends on the tokenizer) and
+bits per UTF-8 byte of the text, sum NLL / (ln 2 * bytes) (comparable across tokenizers).
+Last stdout line: {"ppl", "bpb", "tokens"}.
+"""
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from errors import UserError, cli_main  # noqa: E402
+from evaluation.common import (model_parser, check_positive, emit, load_hf_rows, load_for_args,  # noqa: E402
+                               progress, read_rows, right_pad)
+
+
+def window_spans(n_tokens: int, window: int, stride: int, bos: bool):
+    """[(begin, end, first_scored)] of every window over a stream of n_tokens: the window holds
+    tokens [begin, end) and scores [first_scored, end). Without BOS a window's first token has no
+    context, so it can only be scored by an earlier window."""
+    if not 1 <= stride <= window:
+        raise UserError(f"--stride must be between 1 and the window ({window}), got {stride}")
+    spans, prev_end = [], 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + window, n_tokens)
+        first = max(prev_end, begin + (0 if bos else 1))
+        if first < end:
+            spans.append((begin, end, first))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return spans
+
+
+@torch.no_grad()
+def sliding_window_nll(model, ids, window, stride, bos_id=None, batch_size=8):
+    """(sum of NLL in nats, number of scored tokens) of the token stream `ids` (a list)."""
+    device = next(model.parameters()).device
+    spans = window_spans(len(ids), window, stride, bos_id is not None)
+    total, count = 0.0, 0
+    bar = progress(total=len(spans), desc="windows", unit="win")
+    for start in range(0, len(spans), batch_size):
+        chunk = spans[start:start + batch_size]
+        rows = []
+        for begin, end, first in chunk:
+            seq = ([bos_id] if bos_id is not None else []) + ids[begin:end]
+            off = 1 if bos_id is not None else 0  # index in seq of stream token `begin`
+            # input seq[:-1] predicts seq[1:]; keep only the targets at stream positions >= first
+            target = [t if begin + j + 1 - off >= first else -1 for j, t in enumerate(seq[1:])]
+            rows.append((seq[:-1], target))
+        x, y = right_pad([r[0] for r in rows]), right_pad([r[1] for r in rows], value=-1)
+        logits = model(x.to(device), all_logits=True)
+        nll = F.cross_entropy(logits.double().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum")
+        total += nll.item()
+        count += int((y >= 0).sum())
+        bar.update(len(chunk))
+    bar.close()
+    return total, count
+
+
+def token_stream(rows, tokenizer, join):
+    """(token ids without BOS, UTF-8 bytes of the text they encode)."""
+    if join == "rows":
+        ids = [t for ids in tokenizer.encode_batch(rows, bos=False) for t in ids]
+        return ids, sum(len(r.encode("utf-8")) for r in rows)
+    text = "\n\n".join(rows)
+    return tokenizer.encode(text, bos=False), len(text.encode("utf-8"))
+
+
+def main(argv=None):
+    p = model_parser(__doc__)
+    p.add_argument("--data", default="hf", help="'hf' (wikitext-103-raw-v1 test via `datasets`) or a local "
+                                                "text / .jsonl / .parquet file")
+    p.add_argument("--stride", type=int, default=0, help="tokens between window starts (default: the window)")
+    p.add_argument("--window", type=int, default=0, help="tokens per window (default: the model's max_seq_len)")
+    p.add_argument("--join", choices=["rows", "text"], default="rows")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
+                   help="prepend BOS to every window (default on)")
+    p.add_argument("--max_rows", type=int, default=0, help="only the first N rows (0 = all)")
+    a = p.parse_args(argv)
+    model, ckpt, tok = load_for_args(a)
+    window = a.window or model.params.max_seq_len
+    stride = a.stride or window
+    check_positive(window=window, stride=stride, batch_size=a.batch_size)
+    if window > model.params.max_seq_len:
+        raise UserError(f"--window={window} exceeds the model's max_seq_len={model.params.max_seq_len}")
+    rows = load_hf_rows("wikitext", "wikitext-103-raw-v1", "test") if a.data == "hf" else read_rows(a.data)
+    if a.max_rows:
+        rows = rows[:a.max_rows]
+    ids, n_bytes = token_stream(rows, tok, a.join)
+    if len(ids) < 2:
+        raise UserError(f"{a.data} holds too little text to evaluate ({len(ids)} tokens)")
+    nll, n = sliding_window_nll(model, ids, window, stride, tok.bos_id if a.bos else None, a.batch_size)
+    ppl, bpb = math.exp(nll / n), nll / (math.log(2) * n_bytes)
+    print(f"data {a.data}: {len(rows)} rows, {n_bytes:,} bytes, {len(ids):,} tokens ({a.join}); "
+          f"window {window}, stride {stride}, bos {a.bos}")
+    print(f"scored tokens {n:,}  mean NLL {nll / n:.4f} nats  perplexity {ppl:.3f}  bits/byte {bpb:.4f}")
+    emit({"ppl": ppl, "bpb": bpb, "tokens": n}, a.out)
+
+
+if __name__ == "__main__":
+    cli_main(main)

@@ -1,0 +1,249 @@
+"""evaluation/eval_features.py: the offline classifier judge's held-out accuracy on a synthesized
+corpus, the LLM judge's yes/no protocol against a local stub server (and a server that never
+answers), the CLI's output, train.py's in-training feature score, and bad input."""
+import http.server
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import assert_one_line_error, run_cli
+from dataset_spec import FEATURES
+from eval_setup import make_corpus, save_tiny_checkpoint
+from errors import UserError
+from evaluation.eval_features import (ClassifierJudge, FeatureScore, LLMJudge, asks_for, parse_answer, wilson_ci,
+                                      word_salad)
+from evaluation.eval_features import main as eval_features_main
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(str(tmp_path_factory.mktemp("features_corpus")), num_shards=3, stories_per_shard=400)
+
+
+@pytest.fixture(scope="module")
+def ckpt(corpus, tmp_path_factory):
+    # 128 positions hold a whole instruction header of the 8192-piece tokenizer plus a few new tokens
+    return save_tiny_checkpoint(str(tmp_path_factory.mktemp("features_ckpt") / "ckpt.pt"), corpus.cache_dir,
+                                max_seq_len=128)
+
+
+def raw_records(corpus, shard):
+    with open(os.path.join(corpus.raw_dir, f"data{shard:02d}.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_classifier_accuracy_on_synthesized_corpus(corpus, feature):
+    judge = ClassifierJudge.for_data(feature, corpus.cache_dir)
+    # recomputed here against the raw test shard's own features field, not taken from the judge
+    test = raw_records(corpus, 0)
+    verdicts = judge.judge([r["story"] for r in test])
+    acc = sum(v == int(feature in r["instruction"]["features"]) for v, r in zip(verdicts, test)) / len(test)
+    assert acc >= 0.9, (feature, acc)
+    assert judge.accuracy == pytest.approx(acc) and judge.stats["n_test"] == len(test)
+    assert judge.stats["n_train"] == 800  # shards 1-2 only: the test shard is held out
+    # cached: a second call loads the same classifier
+    again = ClassifierJudge.for_data(feature, corpus.cache_dir)
+    assert again.judge([r["story"] for r in test[:50]]) == verdicts[:50]
+
+
+def test_classifier_rejects_word_salad(corpus):
+    judge = ClassifierJudge.for_data("Twist", corpus.cache_dir)
+    import random
+    rng = random.Random(1)
+    twists = [r["story"] for r in raw_records(corpus, 0) if "Twist" in r["instruction"]["features"]]
+    assert sum(judge.judge(twists)) / len(twists) > 0.9
+    assert sum(judge.judge([word_salad(s, rng) for s in twists])) / len(twists) < 0.2
+
+
+def test_wilson_interval():
+    assert wilson_ci(8, 16) == pytest.approx([0.2800, 0.7200], abs=1e-4)  # textbook values
+    assert wilson_ci(1, 10) == pytest.approx([0.0179, 0.4042], abs=1e-4)
+    assert wilson_ci(0, 10)[0] == 0.0 and wilson_ci(10, 10)[1] == 1.0
+
+
+def test_feature_score_counts_only_prompts_that_ask():
+    class Judge:
+        feature = "BadEnding"
+
+        def judge(self, stories):
+            return [int("sad" in s) for s in stories]
+    rows = [["Features: Badending, Twist\nWords: a, b, c\nStory:", "", "a sad end", "", 0],
+            ["Words: a, b, c\nFeatures: Badending\nStory:", "", "a happy end", "", 0],
+            ["Features: Twist\nStory:", "", "a sad end", "", 0]]  # does not ask: not counted
+    assert asks_for(rows[0][0], "BadEnding") and not asks_for(rows[2][0], "BadEnding")
+    score = FeatureScore(Judge())
+    score.add("id", rows)
+    score.add("other", rows[2:])
+    assert score.metrics() == {"gen_feature_score/id": 0.5, "gen_feature_score": 0.5}
+    assert score.metrics() == {}  # starts over after each evaluation
+
+
+# ---------------------------------------------------------------------- LLM judge against a stub
+
+class StubHandler(http.server.BaseHTTPRequestHandler):
+    requests = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StubHandler.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        story = body["messages"][-1]["content"]
+        if "UNSURE" in story:
+            reply = "I cannot tell."
+        elif "surprise" in story:
+            reply = "<reasoning>The ending is unexpected.</reasoning>\n<answer>Yes</answer>"
+        elif "plain yes" in story:
+            reply = "Yes, it does."  # no tags: the whole reply is read
+        else:
+            reply = "<reasoning>Nothing unexpected happens. Yes, really.</reasoning><answer>no</answer>"
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub():
+    StubHandler.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_llm_judge_protocol(stub, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    warnings = []
+    judge = LLMJudge("Twist", stub, model="stub-model", timeout=5, cache_path=str(tmp_path / "cache.jsonl"),
+                     log=warnings.append)
+    stories = ["To their surprise, the dragon was a kitten.", "They played all day.", "A plain yes story.",
+               "UNSURE story.", "They played all day."]
+    assert judge.judge(stories) == [1, 0, 1, 0, 0]
+    assert len(warnings) == 1 and "neither yes nor no" in warnings[0]
+    assert len(StubHandler.requests) == 4  # the repeated story came from the cache
+    req = StubHandler.requests[0]
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-test"
+    body = req["body"]
+    assert body["model"] == "stub-model" and body["temperature"] == 0 and body["max_tokens"] == 200
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]  # 2-shot
+    assert "children's stories" in body["messages"][0]["content"]
+    assert "<answer>yes</answer>" in body["messages"][2]["content"] and "<answer>no</answer>" in body["messages"][4]["content"]
+    last = body["messages"][-1]["content"]
+    assert stories[0] in last and "Does the story have a twist?" in last and "<answer>" in last
+    # the cache file serves a new judge without any request
+    again = LLMJudge("Twist", stub, model="stub-model", timeout=5, cache_path=str(tmp_path / "cache.jsonl"))
+    assert again.judge(stories[:2]) == [1, 0] and len(StubHandler.requests) == 4
+    assert judge.name == f"llm:stub-model@{stub}" and judge.accuracy is None
+
+
+def test_parse_answer():
+    assert parse_answer("<answer> YES </answer>") == (1, True)
+    assert parse_answer("<reasoning>yes</reasoning><answer>No.</answer>") == (0, True)
+    assert parse_answer("I do not know") == (0, False)
+
+
+def test_cli_llm_judge_and_unanswering_url(stub, corpus, ckpt, tmp_path):
+    base = ["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist",
+            "--num_samples=3", "--batch_size=3", "--max_new_tokens=8", "--device=cpu"]
+    proc = run_cli(base + ["--judge=llm", f"--judge_url={stub}", "--judge_model=stub-model"], check=True)
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert metrics["judge"] == f"llm:stub-model@{stub}" and metrics["judge_accuracy"] is None
+    assert metrics["n"] == 3 and len({r["body"]["messages"][-1]["content"] for r in StubHandler.requests}) <= 3
+    # a server that accepts connections but never answers: a timeout, one line, no hang
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    t0 = time.time()
+    proc = run_cli(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{silent.getsockname()[1]}/v1",
+                           "--judge_timeout=1"], timeout=120)
+    assert_one_line_error(proc, "timed out")
+    assert time.time() - t0 < 100
+    silent.close()
+    # nothing listening at all
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert_one_line_error(run_cli(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{port}/v1", "--judge_timeout=1"]),
+                          "could not be reached")
+
+
+def test_cli_classifier_judge(corpus, ckpt, tmp_path):
+    out = tmp_path / "m.json"
+    gens = tmp_path / "g.jsonl"
+    proc = run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--feature=Twist",
+                    "--prompts_from=filter-adv-Twist", "--num_samples=4", "--batch_size=2", "--max_new_tokens=8",
+                    "--device=cpu", f"--out={out}", f"--generations_out={gens}"], check=True)
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(metrics) == {"feature", "score", "ci95", "n", "judge", "judge_accuracy"}
+    assert metrics["feature"] == "Twist" and metrics["n"] == 4 and metrics["judge"] == "classifier:bow-logreg"
+    assert metrics["judge_accuracy"] >= 0.9 and "classifier:bow-logreg" in proc.stdout
+    rows = [json.loads(line) for line in gens.read_text().splitlines()]
+    assert len(rows) == 4 and all("Twist" in r["prompt"] for r in rows)
+    assert metrics["score"] == sum(r["has_feature"] for r in rows) / 4
+    assert metrics["ci95"] == wilson_ci(sum(r["has_feature"] for r in rows), 4)
+    assert json.loads(out.read_text()) == metrics
+
+
+def test_bad_input(corpus, ckpt, tmp_path):
+    base = [f"--checkpoint={ckpt}", "--device=cpu", "--max_new_tokens=8"]
+    # one through the real command line: one line on stderr, exit 2
+    assert_one_line_error(run_cli(["evaluation/eval_features.py"] + base + ["--feature=twist", "--prompts_from=filter-adv-Twist"]),
+                          "did you mean 'Twist'")
+    cases = [
+        (base + ["--feature=Sarcasm", "--prompts_from=filter-adv-Twist"], "not a feature"),
+        (base + ["--prompts_from=no-such-set"], "pretokenize"),
+        ([f"--checkpoint={tmp_path}/x.pt", "--prompts_from=filter-adv-Twist"], "checkpoint not found"),
+        (base + ["--prompts_from=filter-adv-Twist", "--judge=llm", "--judge_url=localhost:1"], "--judge_url"),
+        (base + ["--prompts_from=filter-adv-Twist", "--num_samples=0"], "--num_samples"),
+        (base + ["--prompts_from=pretrain-all", "--feature=Twist", "--judge=llm", "--judge_url=http://127.0.0.1:1",
+                 "--judge_timeout=0"], "--judge_timeout"),
+    ]
+    for argv, fragment in cases:
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            eval_features_main(argv)
+    # the classifier needs raw stories with their features field
+    bare = save_tiny_checkpoint(str(tmp_path / "bare.pt"), str(tmp_path / "empty_cache"), max_seq_len=128)
+    with pytest.raises(UserError, match="synthesize"):
+        eval_features_main([f"--checkpoint={bare}", "--prompts_from=x", f"--tokenizer_model={corpus.cache_dir}/tok8192.model"])
+
+
+def test_in_training_feature_score(corpus, tmp_path):
+    out = str(tmp_path / "run")
+    args = dict(data_cache_dir=corpus.cache_dir, vocab_size=8192, dataset_name="pretrain-all", out_dir=out, dim=32,
+                n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=16, max_seq_len=128, batch_size=4,
+                gradient_accumulation_steps=1, learning_rate=3e-3, warmup_iters=2, max_iters=4, eval_interval=2,
+                eval_iters=1, max_new_tokens=12, generation_batch_size=4, device="cpu", dtype="float32",
+                feature_eval="Twist", eval_dataset_names='["filter-adv-Twist"]')
+    run_cli(["train.py"] + [f"--{k}={v}" for k, v in args.items()], check=True)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 2, 4]
+    judge = ClassifierJudge.for_data("Twist", corpus.cache_dir)
+    for ev in evals:
+        # recomputed from the logged generation tables: only prompts that ask for a Twist count
+        tables = {k: r[k] for r in rows if r["kind"] == "table" and r["iter"] == ev["iter"] for k in r
+                  if k.startswith("generations/")}
+        pooled = []
+        for name, table in tables.items():
+            asked = [g["generation"] for g in table if re.search(r"^Features:.*\bTwist\b", g["prefix"], re.M)]
+            verdicts = judge.judge(asked)
+            pooled += verdicts
+            if verdicts:
+                assert ev[f"gen_feature_score/{name.split('/')[1]}"] == pytest.approx(sum(verdicts) / len(verdicts))
+        assert len(tables["generations/filter-adv-Twist"]) == 4  # every adversarial prompt asks
+        assert ev["gen_feature_score"] == pytest.approx(sum(pooled) / len(pooled))
+    bad = dict(args, feature_eval="twist", out_dir=str(tmp_path / "bad"))
+    assert_one_line_error(run_cli(["train.py"] + [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")
