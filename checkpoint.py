@@ -19,33 +19,23 @@ Only plain Python values and tensors are stored, so files load with torch.load(w
 import os
 import pickle
 import random
-import tempfile
 
 import numpy as np
 import torch
 
 from errors import UserError
+from fileio import atomic_file
 from model import ModelArgs, Transformer
 
 FORMAT_VERSION = 1
 
 
 def save_checkpoint(ckpt: dict, path: str):
-    """torch.save to a temp file in the same folder, fsync, then rename over `path`: a kill at
-    any moment leaves either the old file or the new one, never a truncated one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_ckpt_", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """torch.save through a temp file beside `path`, fsync'd and renamed: a kill at any moment
+    leaves either the old file or the new one, never a truncated one."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_file(path) as f:
+        torch.save(ckpt, f)
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:

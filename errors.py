@@ -26,4 +26,4 @@ class ArgParser(argparse.ArgumentParser):
     """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
 
     def error(self, message):
-        raise UserError(message)
+        raise UserError(f"{message} (see python {self.prog} --help)")

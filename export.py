@@ -17,7 +17,6 @@ An import output ending in .pt is the checkpoint file; anything else is a folder
 which is what `train.py --init_from=resume_model --model_dir=DIR` reads.
 Every output is written under a temporary name and renamed, so a failure leaves nothing half-written.
 """
-import argparse
 import json
 import os
 import shutil
@@ -29,9 +28,9 @@ import torch
 
 from checkpoint import (FORMAT_VERSION, load_checkpoint, load_weights, model_args_dict,
                         model_from_checkpoint, save_checkpoint)
-from errors import UserError, cli_main
+from errors import ArgParser, UserError, cli_main
 from model import ModelArgs, Transformer, precompute_freqs_cis
-from tinystories import atomic_file, building_dir  # temp name + rename; a failure leaves nothing
+from fileio import atomic_file, building_dir  # temp name + rename; a failure leaves nothing
 
 MAGIC = 0x616B3432  # "ak42", header of the v1/v2 files
 HEADER_BYTES = 256
@@ -39,13 +38,6 @@ LEGACY_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv
 # what run.c / runq.c hard-code; a model trained with other values still exports, with a warning
 RUNC_NORM_EPS, RUNC_ROPE_THETA = 1e-5, 10000.0
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json")
-
-
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
-
-    def error(self, message):
-        raise UserError(message)
 
 
 def _fp32_bytes(t):

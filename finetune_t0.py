@@ -21,6 +21,7 @@ import numpy as np
 
 from adafactor import ADAFACTOR_CONFIG_DEFAULTS, apply_optimizer_preset
 from configurator import parse_config
+from optim import OPTIMIZER_DEFAULTS
 from errors import UserError, cli_main
 from metrics import WANDB_CONFIG_DEFAULTS
 from t0_data import (MIXINGS, NORMALIZATIONS, TOKENIZATION_DEFAULTS, ExampleEncoder, PackedStream, T0Batches,
@@ -60,20 +61,13 @@ DEFAULTS = dict(
     # model (the shape comes from the checkpoint)
     dropout=0.0,  # T0 and BLOOMZ used 0.1
     # optimizer and schedule: constant LR, no warmup, as T0 and BLOOMZ (presets: adafactor_preset)
-    optimizer="adamw",  # adamw | adafactor
     gradient_accumulation_steps=1,  # global: split across DDP processes
     learning_rate=1e-4,
     lr_scheduling=False,
     max_iters=1000,
     weight_decay=0.0,
-    beta1=0.9,
-    beta2=0.95,
-    adam_eps=1e-8,
-    grad_clip=1.0,  # 0 disables clipping
-    decay_lr=True,
     warmup_iters=0,
-    min_lr=0.0,
-    lr_decay_iters=0,
+    **OPTIMIZER_DEFAULTS,  # optimizer (adamw | adafactor), betas, eps, clipping, min_lr (optim.py)
     **ADAFACTOR_CONFIG_DEFAULTS,  # adafactor_preset: t0 | hf_t5 | bloomz_adam, and adafactor_* settings
     # system
     device="",  # "" = auto: cuda, mps, cpu

@@ -1,7 +1,7 @@
 """Optimizers and learning-rate schedules, shared by every driver.
 
 build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
-fused on CUDA, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
+fused on CUDA and CPU, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
 parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
 (growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e,
 "weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is
@@ -15,6 +15,18 @@ import torch
 from errors import UserError
 
 OPTIMIZERS = ("adamw", "adafactor")
+
+# optimizer keys every driver shares (each sets its own learning_rate, schedule, weight decay)
+OPTIMIZER_DEFAULTS = dict(
+    optimizer="adamw",  # adamw | adafactor
+    beta1=0.9,
+    beta2=0.95,
+    adam_eps=1e-8,
+    grad_clip=1.0,  # 0 disables clipping
+    decay_lr=True,
+    min_lr=0.0,
+    lr_decay_iters=0,  # 0: decay until max_iters
+)
 
 
 def param_groups(model, weight_decay, overrides=None):
@@ -45,8 +57,9 @@ def build_optimizer(model, cfg, overrides=None):
     if name == "adamw":
         groups = param_groups(model, cfg.get("weight_decay", 0.0), overrides)
         device_type = next(model.parameters()).device.type
-        # fused kernels on CUDA; on CPU the multi-tensor (foreach) path is the fastest available
-        extra = {"fused": True} if device_type == "cuda" else {"foreach": True}
+        # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
+        # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
+        extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)),
                                  eps=cfg.get("adam_eps", 1e-8), **extra)
     from adafactor import adafactor_from_config

@@ -10,22 +10,14 @@ value for a metric (evaluation-only keys, generation tables, "nan" strings) are 
 Without --metrics every numeric key found is drawn. matplotlib is optional for the project, so
 its absence is a one-line error here rather than an import failure.
 """
-import argparse
 import json
 import math
 import os
 
-from errors import UserError, cli_main
+from errors import ArgParser, UserError, cli_main
 from metrics import read_metrics
 
 SKIP_KEYS = {"iter", "time", "kind"}
-
-
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
-
-    def error(self, message):
-        raise UserError(message)
 
 
 def _is_number(v):
@@ -121,7 +113,7 @@ def main(argv=None):
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
-    from tinystories import atomic_file  # a temp name + rename: never a truncated PNG
+    from fileio import atomic_file  # a temp name + rename: never a truncated PNG
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with atomic_file(a.out) as f:
         fig.savefig(f, format="png", dpi=100)

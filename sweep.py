@@ -26,7 +26,6 @@ it), so this reads the same YAML (../shared/spec/interop.md section 4) and does 
     and best (per metric.goal) value of metric.name from the run's metrics.jsonl; configurations
     already recorded with exit code 0 are skipped when the sweep is started again.
 """
-import argparse
 import collections
 import importlib.util
 import itertools
@@ -43,7 +42,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from errors import UserError, cli_main
+from errors import ArgParser, UserError, cli_main
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
@@ -56,13 +55,6 @@ PARAM_KEYS = {"value", "values", "probabilities", "distribution", "min", "max", 
 DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform",
                  "log_uniform_values", "q_log_uniform", "q_log_uniform_values", "inv_log_uniform",
                  "inv_log_uniform_values", "normal", "q_normal", "log_normal", "q_log_normal")
-
-
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
-
-    def error(self, message):
-        raise UserError(message)
 
 
 # ---------------------------------------------------------------------- reading the YAML

@@ -19,7 +19,6 @@ leaves something that looks finished. Bad input is one `error: ...` line and exi
 work starts.
 """
 import argparse
-import contextlib
 import glob
 import hashlib
 import itertools
@@ -37,7 +36,8 @@ from tqdm import tqdm
 
 from dataset_spec import (STREAM_VOCAB_TEXT, check_dataset_name, dataset_dir, make_text,
                           parse_spec, raw_data_dir, shard_rng)
-from errors import UserError, cli_main
+from errors import ArgParser, UserError, cli_main
+from fileio import atomic_file, building_dir, umask, write_atomic
 from synth_stories import FEATURE_PROBS, generate_shard
 from tokenizer import Tokenizer, load_tokenizer
 
@@ -47,12 +47,6 @@ FORMAT_VERSION = 1  # of the pretokenized dataset folder (manifest.json + dataNN
 MAX_VOCAB = 65536  # ids are stored as uint16
 ENCODE_CHUNK = 2048  # examples per sentencepiece call: bounded memory, negligible call overhead
 SYNTH_MARKER = ".synthesized"  # in a raw folder made by `synthesize`, so a re-run may replace it
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def progress(*args, **kwargs):
@@ -66,65 +60,6 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-# ----------------------------------------------------------------------------------------------
-# atomic file system helpers
-
-@contextlib.contextmanager
-def atomic_file(path: str):
-    """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure
-    delete it."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
-def write_atomic(path: str, data: bytes):
-    with atomic_file(path) as f:
-        f.write(data)
-
-
-@contextlib.contextmanager
-def building_dir(final: str):
-    """Yield a hidden temp folder beside `final`; when the block succeeds it becomes `final`
-    (replacing an older one), otherwise it is deleted, together with any parent folders this
-    created, so a failed command leaves nothing behind."""
-    parent = os.path.dirname(os.path.abspath(final))
-    created = []
-    p = parent
-    while not os.path.isdir(p):
-        created.append(p)
-        p = os.path.dirname(p)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give what makedirs would
-        yield tmp
-        if os.path.exists(final):
-            # two renames: the old folder is moved aside first, the window without a complete
-            # dataset is two system calls long, and never shows a partial one
-            old = tempfile.mkdtemp(prefix=f".old-{os.path.basename(final)}-", dir=parent)
-            os.rename(final, os.path.join(old, "x"))
-            os.rename(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in created:
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-        raise
 
 
 def map_shards(fn, tasks, workers, initializer=None, initargs=()):
@@ -238,7 +173,7 @@ def _extract(archive: str, target: str):
         folders = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(tmp, "**", "*.json"), recursive=True)})
         if len(folders) != 1:
             raise UserError(f"{archive} should hold one folder of .json shards, found {len(folders)}")
-        os.chmod(folders[0], 0o777 & ~_umask())
+        os.chmod(folders[0], 0o777 & ~umask())
         os.rename(folders[0], target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -468,11 +403,6 @@ def pretokenize(data_cache_dir: str, vocab_size: int, spec, dataset_name: str = 
 # ----------------------------------------------------------------------------------------------
 # command line
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line + exit 2 (via cli_main) instead of usage + message
-        raise UserError(f"{message} (see python tinystories.py --help)")
-
-
 STAGE_FLAGS = {  # which options each stage reads; any other option given is a mistake
     "download": {"data_cache_dir", "data_url"},
     "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers"},
@@ -483,7 +413,7 @@ STAGE_FLAGS = {  # which options each stage reads; any other option given is a m
 
 
 def build_parser():
-    p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", choices=list(STAGE_FLAGS))
     p.add_argument("--data_cache_dir", default="data", help="where raw shards, tokenizers and datasets live")
     p.add_argument("--vocab_size", type=int, default=0,

@@ -13,6 +13,7 @@ import torch
 
 from adafactor import ADAFACTOR_CONFIG_DEFAULTS, apply_optimizer_preset
 from configurator import parse_config
+from optim import OPTIMIZER_DEFAULTS
 from errors import UserError, cli_main
 from metrics import WANDB_CONFIG_DEFAULTS
 from pretok_data import BatchLoader, check_dataset, dataset_dir
@@ -52,20 +53,13 @@ DEFAULTS = dict(
     dropout=0.0,
     tie_embeddings=True,
     # optimizer and schedule
-    optimizer="adamw",  # adamw | adafactor
     gradient_accumulation_steps=4,  # global: split across DDP processes
     learning_rate=5e-4,
     lr_scheduling=True,  # False: constant learning_rate (the *_no_lrs fine-tuning configs)
     max_iters=100000,
     weight_decay=1e-1,
-    beta1=0.9,
-    beta2=0.95,
-    adam_eps=1e-8,
-    grad_clip=1.0,  # 0 disables clipping
-    decay_lr=True,
     warmup_iters=1000,
-    min_lr=0.0,
-    lr_decay_iters=0,  # 0: decay until max_iters
+    **OPTIMIZER_DEFAULTS,  # optimizer (adamw | adafactor), betas, eps, clipping, min_lr (optim.py)
     **ADAFACTOR_CONFIG_DEFAULTS,  # optimizer=adafactor settings and presets (t0, hf_t5, bloomz_adam)
     # staged training: in-run growth (grow.py; docs/growth.md)
     grow_schedule="",  # e.g. "2000:weights,6000:layers": double width / depth after those iterations

@@ -314,7 +314,7 @@ class Trainer:
     # -- the loop
 
     def fit(self):
-        cfg, run = self.cfg, self.run
+        run = self.run
         self.first_bad_iter = torch.full((), -1, dtype=torch.long, device=run.device)
         # every rank handles SIGINT (torchrun forwards it to all); they agree on the stop iteration
         previous = signal.signal(signal.SIGINT, self._on_sigint)

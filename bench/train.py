@@ -112,11 +112,21 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--llama2c_dir", default="", help="a llama2.c checkout: also time its model.py")
+    p.add_argument("--repeats", type=int, default=2, help="alternate ours / llama2.c this many times; report the best")
     args, overrides = p.parse_known_args()
     device = "cpu" if not torch.cuda.is_available() else "cuda"
     base = {"device": device, "compile": False} if device == "cpu" else {}
     cfg = parse_config(train.DEFAULTS, [args.config] + [f"--{k}={v}" for k, v in base.items()] + overrides, prog="bench/train.py")
-    ms, model, run, mfu = bench_ours(cfg, args.iters, args.warmup)
+    # CPU timings drift by +-20% between runs on shared machines: alternate the two programs and
+    # keep each one's best median, so a slow phase does not decide the comparison
+    best, best2 = None, None
+    for _ in range(max(1, args.repeats)):
+        ms, model, run, mfu = bench_ours(cfg, args.iters, args.warmup)
+        best = ms if best is None else min(best, ms)
+        if args.llama2c_dir:
+            ms2 = bench_llama2c(cfg, args.iters, args.warmup, args.llama2c_dir, run.device)
+            best2 = ms2 if best2 is None else min(best2, ms2)
+    ms, ms2 = best, best2
     tokens = cfg["batch_size"] * cfg["max_seq_len"] * cfg["gradient_accumulation_steps"]
     print(f"config {args.config}: {model.num_params() / 1e6:.2f}M params, dim {cfg['dim']}, {cfg['n_layers']} layers, "
           f"batch {cfg['batch_size']}x{cfg['gradient_accumulation_steps']}, T={cfg['max_seq_len']}, "
@@ -124,7 +134,6 @@ def main():
     mfu_s = f", MFU {mfu * 100:.1f}%" if mfu is not None else " (MFU: device peak unknown; pass --peak_flops=...)"
     print(f"tinystories-lab: {ms:.1f} ms/iter, {tokens / ms * 1000:,.0f} tokens/s{mfu_s}")
     if args.llama2c_dir:
-        ms2 = bench_llama2c(cfg, args.iters, args.warmup, args.llama2c_dir, run.device)
         print(f"llama2.c      : {ms2:.1f} ms/iter, {tokens / ms2 * 1000:,.0f} tokens/s  (ours is {ms2 / ms:.2f}x its speed)")
 
 

@@ -12,7 +12,8 @@ import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
 from errors import ArgParser, UserError
-from tinystories import progress, write_atomic  # noqa: F401  (progress: re-exported for the CLIs)
+from fileio import write_atomic
+from tinystories import progress  # noqa: F401  (re-exported for the CLIs)
 
 
 def model_parser(doc: str) -> argparse.ArgumentParser:

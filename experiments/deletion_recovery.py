@@ -288,7 +288,7 @@ def plot(a, curve, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tinystories import atomic_file
+    from fileio import atomic_file
     rows = [("score", f"generation score\n({a.feature} asked, judged)"), ("task", f"task loss\n(recovery-{a.feature})"),
             ("complement", f"complement loss\n(filter-{a.feature})"), ("adversarial", f"adversarial loss\n(filter-adv-{a.feature})")]
     cols = [("pretraining", ("pretrain", "control")), ("deletion", ("delete",)), ("recovery", ("recover", "recover_control"))]
@@ -426,7 +426,7 @@ def main(argv=None):
                f"Runtime {runtime / 60:.1f} min with --jobs={a.jobs} (load average {load0:.1f} at the start"
                + (f"; {reused} steps reused from an earlier run" if reused else "") + "); CPU time of the setup "
                f"and the longer lane {idle_estimate / 60:.1f} min, the estimate for 2 idle cores.")
-    from tinystories import write_atomic
+    from fileio import write_atomic
     write_atomic(os.path.join(a.out_dir, "results.md"), md.encode())
     results = {"feature": a.feature, "runtime_s": round(runtime, 1), "idle_2core_estimate_s": round(idle_estimate, 1),
                "lane_cpu_s": lane_cpu, "load_average_start": load0, "load_average_end": os.getloadavg()[0],

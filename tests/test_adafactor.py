@@ -1,5 +1,4 @@
 """Adafactor (adafactor.py): formulas, HF parity, validation, resume, presets, config glue."""
-import copy
 import io
 import itertools
 import math

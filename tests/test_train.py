@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -100,7 +99,7 @@ def test_checkpoint_write_is_atomic_under_kill(tmp_path):
         w = ckpt["model"]["w"]
         assert w.numel() == 4_000_000 and torch.all(w == ckpt["iter_num"])
     leftovers = [f for f in os.listdir(tmp_path) if f != "ckpt.pt"]
-    assert all(f.startswith(".tmp_ckpt_") for f in leftovers)  # only temp files, never a half ckpt.pt
+    assert all(f.startswith(".tmp_") for f in leftovers)  # only temp files, never a half ckpt.pt
 
 
 def test_ddp_two_processes_equal_one(corpus, tmp_path):

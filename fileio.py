@@ -1,0 +1,70 @@
+"""Atomic writes, used by everything that writes files users rely on (datasets, checkpoints,
+exports, plots): write to a temp name beside the target, fsync, rename. A crash at any moment
+leaves the old file (or nothing), never a truncated one.
+"""
+import contextlib
+import os
+import shutil
+import tempfile
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_file(path: str):
+    """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure
+    delete it."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_atomic(path: str, data: bytes):
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def building_dir(final: str):
+    """Yield a hidden temp folder beside `final`; when the block succeeds it becomes `final`
+    (replacing an older one), otherwise it is deleted, together with any parent folders this
+    created, so a failed command leaves nothing behind."""
+    parent = os.path.dirname(os.path.abspath(final))
+    created = []
+    p = parent
+    while not os.path.isdir(p):
+        created.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+    try:
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; give what makedirs would
+        yield tmp
+        if os.path.exists(final):
+            # two renames: the old folder is moved aside first, the window without a complete
+            # dataset is two system calls long, and never shows a partial one
+            old = tempfile.mkdtemp(prefix=f".old-{os.path.basename(final)}-", dir=parent)
+            os.rename(final, os.path.join(old, "x"))
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        raise
