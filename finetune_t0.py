@@ -27,7 +27,8 @@ from metrics import WANDB_CONFIG_DEFAULTS
 from t0_data import (MIXINGS, NORMALIZATIONS, TOKENIZATION_DEFAULTS, ExampleEncoder, PackedStream, T0Batches,
                      check_hash_overlap, check_range_overlap, example_hash, is_held_out, load_mixture, model_inputs,
                      pack_once, read_records, resolve_weights, rows_to_arrays, tokenize_rows, usable)
-from trainer import Run, Trainer, fit_and_close, init_model, seed_everything, training_state, write_run_config
+from trainer import (Run, Trainer, checkpoint_path, fit_and_close, init_model, seed_everything, training_state,
+                     write_run_config)
 
 DEFAULTS = dict(
     # I/O
@@ -100,16 +101,11 @@ def check_config(cfg):
 
 
 def base_checkpoint(cfg):
-    """The checkpoint init_model will load (read first for its context length and tokenizer)."""
-    where = cfg["out_dir"] if cfg["init_from"] == "resume_train" else cfg["model_dir"]
-    if not where:
+    """The checkpoint init_model will load, read first for its context length and tokenizer."""
+    if cfg["init_from"] == "resume_model" and not cfg.get("model_dir"):
         raise UserError("no base model: pass --model_dir=DIR (a folder holding the pretrained ckpt.pt)")
-    path = where if where.endswith(".pt") else os.path.join(where, "ckpt.pt")
-    if not os.path.exists(path):
-        hint = "train one with train.py first" if cfg["init_from"] == "resume_model" else "nothing to resume"
-        raise UserError(f"no checkpoint at {path} ({hint})")
     from checkpoint import load_checkpoint
-    return load_checkpoint(path, map_location="cpu")
+    return load_checkpoint(checkpoint_path(cfg), map_location="cpu")
 
 
 def resolve_tokenizer(cfg, ckpt):
@@ -239,12 +235,11 @@ def main(argv=None):
     cfg["max_seq_len"] = cfg["max_seq_len"] or base_len
     tok = resolve_tokenizer(cfg, base)
     cfg["tokenizer_model"] = os.path.abspath(tok.model_path)  # so resume and eval_rank find it
-    del base
     run = Run(cfg)
     encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_DEFAULTS})
     data = T0Data(train_src, valid_src, encoder, cfg["max_seq_len"] + 1, log=print if run.master else (lambda *a: None))
     seed_everything(cfg["seed"])  # identical initial weights on every rank
-    model, ckpt = init_model(cfg, run)
+    model, ckpt = init_model(cfg, run, ckpt=base)
     seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
     world = run.dist.world_size
     stream = data.stream(cfg)

@@ -112,7 +112,22 @@ def model_args_from_config(cfg) -> ModelArgs:
                      tie_embeddings=cfg.get("tie_embeddings", True))
 
 
-def init_model(cfg, run: Run, log=print):
+def checkpoint_path(cfg):
+    """The ckpt.pt that init_from=resume_train (out_dir) or resume_model (model_dir) loads."""
+    init_from = cfg["init_from"]
+    if init_from not in ("resume_train", "resume", "resume_model"):
+        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{init_from}'")
+    where = cfg["out_dir"] if init_from in ("resume_train", "resume") else cfg.get("model_dir")
+    if not where:
+        raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
+    path = where if where.endswith(".pt") else os.path.join(where, "ckpt.pt")
+    if not os.path.exists(path):
+        hint = "train one first or check --out_dir" if init_from != "resume_model" else "check --model_dir"
+        raise UserError(f"init_from={init_from}: no checkpoint at {path} ({hint})")
+    return path
+
+
+def init_model(cfg, run: Run, log=print, ckpt=None):
     """Return (model, loaded checkpoint or None) for cfg['init_from']; pass the checkpoint to
     Trainer only for resume_train (see `training_state`).
 
@@ -120,20 +135,15 @@ def init_model(cfg, run: Run, log=print):
     resume_train  continue the run in out_dir (everything restored later by Trainer).
     resume_model  weights of model_dir/ckpt.pt, fresh optimizer and iteration 0 (fine-tuning).
     On resume the shape comes from the checkpoint (so a grown checkpoint resumes with the small
-    model's config file); max_seq_len and dropout come from the config.
+    model's config file); max_seq_len and dropout come from the config. A driver that already
+    read the checkpoint (finetune_t0.py needs its context length first) passes it as `ckpt`.
     """
-    init_from = cfg["init_from"]
-    if init_from == "scratch":
+    if cfg["init_from"] == "scratch":
         model, ckpt = Transformer(model_args_from_config(cfg)), None
-    elif init_from in ("resume_train", "resume", "resume_model"):
-        where = cfg["out_dir"] if init_from in ("resume_train", "resume") else cfg.get("model_dir")
-        if not where:
-            raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
-        path = where if where.endswith(".pt") else os.path.join(where, "ckpt.pt")
-        if not os.path.exists(path):
-            hint = "train one first or check --out_dir" if init_from != "resume_model" else "check --model_dir"
-            raise UserError(f"init_from={init_from}: no checkpoint at {path} ({hint})")
-        ckpt = ckpt_lib.load_checkpoint(path)
+    else:
+        path = checkpoint_path(cfg)
+        if ckpt is None:
+            ckpt = ckpt_lib.load_checkpoint(path)
         saved = ckpt["model_args"]
         differs = [f"{k}={saved.get(k)} (config {cfg.get(k)})" for k in MODEL_SHAPE_KEYS
                    if k in cfg and k in saved and cfg.get(k) not in (None, 0) and saved.get(k) is not None
@@ -141,8 +151,6 @@ def init_model(cfg, run: Run, log=print):
         if differs and run.master:
             log(f"notice: model shape taken from {path}: " + ", ".join(differs))
         model = ckpt_lib.model_from_checkpoint(ckpt, max_seq_len=cfg["max_seq_len"], dropout=cfg.get("dropout", 0.0))
-    else:
-        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{init_from}'")
     return model.to(device=run.device, dtype=run.param_dtype), ckpt
 
 
