@@ -17,7 +17,8 @@ from optim import OPTIMIZER_DEFAULTS
 from errors import UserError, cli_main
 from metrics import WANDB_CONFIG_DEFAULTS
 from pretok_data import BatchLoader, check_dataset, dataset_dir
-from trainer import Run, Trainer, fit_and_close, init_model, seed_everything, training_state, write_run_config
+from trainer import (Run, Trainer, check_init_from, fit_and_close, init_model, seed_everything, training_state,
+                     write_run_config)
 
 DEFAULTS = dict(
     # I/O
@@ -202,6 +203,7 @@ class LMEvaluator:
 
 def main(argv=None):
     cfg = apply_optimizer_preset(parse_config(DEFAULTS, argv, prog="train.py"), DEFAULTS)
+    check_init_from(cfg)
     layout_vocab, model_vocab = dataset_vocab(cfg)
     cfg["vocab_size"] = model_vocab
     run = Run(cfg)

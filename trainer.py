@@ -112,11 +112,18 @@ def model_args_from_config(cfg) -> ModelArgs:
                      tie_embeddings=cfg.get("tie_embeddings", True))
 
 
+INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name
+
+
+def check_init_from(cfg):
+    if cfg["init_from"] not in INIT_FROM:
+        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{cfg['init_from']}'")
+
+
 def checkpoint_path(cfg):
     """The ckpt.pt that init_from=resume_train (out_dir) or resume_model (model_dir) loads."""
+    check_init_from(cfg)
     init_from = cfg["init_from"]
-    if init_from not in ("resume_train", "resume", "resume_model"):
-        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{init_from}'")
     where = cfg["out_dir"] if init_from in ("resume_train", "resume") else cfg.get("model_dir")
     if not where:
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
