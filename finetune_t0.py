@@ -198,7 +198,7 @@ class T0Evaluator:
             total = count = 0.0
             for start in range(0, len(g["arrays"][0]), bs):
                 batch, label_mask, _ = model_inputs(*(a[start:start + bs] for a in g["arrays"]), cfg["prefixlm"], self.run.device)
-                model(**batch, loss_weights=label_mask.to(self.run.device))
+                model(**batch, loss_weights=label_mask.to(self.run.device), return_logits=False)
                 total += model.last_loss.item()
                 count += label_mask.sum().item()
             if count:

@@ -366,7 +366,7 @@ def batch_loss(model, batch, autocast=None):
     was_training = model.training
     model.eval()
     with autocast or nullcontext():
-        model(**{k: v for k, v in batch.items() if k != "loss_scale"})
+        model(**{k: v for k, v in batch.items() if k != "loss_scale"}, return_logits=False)
     model.train(was_training)
     return model.last_loss.item()
 

@@ -143,7 +143,7 @@ class LMEvaluator:
             losses = torch.zeros(self.cfg["eval_iters"])
             for k in range(self.cfg["eval_iters"]):
                 x, y = next(batches)
-                model(x, y)
+                model(x, y, return_logits=False)
                 losses[k] = model.last_loss.float()
             metrics[f"loss/{name}"] = losses.mean().item()
         if generations and self.cfg["max_new_tokens"] > 0:

@@ -376,7 +376,9 @@ class Trainer:
             if cfg.get("eval_only"):
                 return "eval_only"
             stop = self.stop_requested
-            if run.dist.enabled:  # every rank must stop at the same iteration
+            if run.dist.enabled and it % cfg["log_interval"] == 0:
+                # every rank must stop at the same iteration; agreed on log steps only, which
+                # sync anyway (an all-reduce + .item() every step would stall the GPU)
                 stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
             if it > self.start_iter and (it % ckpt_interval == 0 or it >= self.end_iter() or stop):
                 self.save(loader_state)
@@ -392,7 +394,7 @@ class Trainer:
                     self.model.require_backward_grad_sync = micro_step == self.micro_steps - 1
                 scale = batch.pop("loss_scale", 1.0 / self.micro_steps)
                 with run.autocast:
-                    self.model(**batch)
+                    self.model(**batch, return_logits=False)  # fused head + loss, no logits
                     loss = self.raw_model.last_loss * scale
                 # fetch the next batch while the device works (prefetch); remember the position
                 # just before the first batch of each iteration for checkpoints
@@ -408,7 +410,7 @@ class Trainer:
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             self.first_bad_iter = torch.where((self.first_bad_iter < 0) & ~torch.isfinite(loss_sum),
-                                              torch.tensor(it, device=run.device), self.first_bad_iter)
+                                              it, self.first_bad_iter)  # a Python int: no host-to-device copy
             iters_since_log += 1
             self.iter_num = it + 1
 
@@ -421,7 +423,8 @@ class Trainer:
                 if not math.isfinite(lossf):
                     self.check_finite()
                 tokens_per_s = self.tokens_per_iter / dt
-                mfu = self.raw_model.estimate_mfu(self.tokens_per_iter, dt, peak, cfg["max_seq_len"])
+                # per process: each process's share of the tokens against one device's peak
+                mfu = self.raw_model.estimate_mfu(self.tokens_per_iter / self.world, dt, peak, cfg["max_seq_len"])
                 if run.master:
                     mfu_s = f" | mfu {mfu * 100:.2f}%" if mfu is not None else ""
                     print(f"{it} | loss {lossf:.4f} | lr {lr:e} | {dt * 1000:.2f}ms | {tokens_per_s:,.0f} tok/s{mfu_s}")

@@ -107,6 +107,38 @@ def test_loss_weights_and_ignore_index():
     assert abs(m.last_loss.item() - (ce * w).sum().item()) < 1e-10
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("tie", [True, False])
+def test_fused_head_loss_matches_logits_and_cross_entropy(monkeypatch, weighted, tie):
+    """return_logits=False fuses the head matmul and the loss, chunk by chunk (7 rows here, so
+    several chunks): loss and every gradient equal F.linear + F.cross_entropy, also when the
+    loss is scaled before backward (gradient accumulation, GradScaler)."""
+    import model as model_lib
+    monkeypatch.setattr(model_lib, "_head_chunk_rows", lambda vocab: 7)
+    m = tiny(tie=tie).train()
+    x = torch.randint(0, 67, (3, 11))
+    y = torch.randint(0, 67, (3, 11))
+    y[0, :4] = -1
+    w = torch.rand(3, 11, dtype=torch.float64) * (y >= 0) if weighted else None
+
+    def loss_and_grads(**kw):
+        m.zero_grad()
+        out = m(x, y, loss_weights=w, **kw)
+        loss = m.last_loss
+        (loss * 0.25).backward()
+        return out, loss.detach(), [p.grad.clone() for p in m.parameters()]
+
+    logits, ref_loss, ref_grads = loss_and_grads()
+    out, loss, grads = loss_and_grads(return_logits=False)
+    assert out is None and logits.shape == (3, 11, 67)
+    assert abs(loss.item() - ref_loss.item()) < 1e-12
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=0, atol=1e-13)
+    with torch.no_grad():  # evaluation: the same loss, no gradients computed
+        m(x, y, loss_weights=w, return_logits=False)
+    assert abs(m.last_loss.item() - ref_loss.item()) < 1e-12
+
+
 @pytest.mark.parametrize("kv", [None, 2])
 def test_kv_cache_generation_equals_no_cache(kv):
     m = tiny(kv).float()
