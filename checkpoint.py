@@ -23,7 +23,7 @@ import random
 import numpy as np
 import torch
 
-from errors import UserError
+from errors import UserError, first_line
 from fileio import atomic_file
 from model import ModelArgs, Transformer
 
@@ -47,7 +47,7 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
-        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+        raise UserError(f"{path} is not a readable checkpoint ({first_line(e, 120)})")
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a model checkpoint (no 'model' / 'model_args' entries)")
     return ckpt

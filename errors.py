@@ -22,6 +22,13 @@ def cli_main(main, *args, **kwargs):
         sys.exit(2)
 
 
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """`TypeName: first line of the message` of an exception, for one-line errors (many library
+    exceptions have multi-line messages, and some, like EOFError from an empty file, none)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:limit]}" if lines else type(e).__name__
+
+
 class ArgParser(argparse.ArgumentParser):
     """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
 
