@@ -15,8 +15,8 @@ import sys
 
 from errors import UserError
 
-# spellings users type from older READMEs
-ALIASES = {"lr": "learning_rate"}
+# spellings users type from older READMEs and the original study's configs
+ALIASES = {"lr": "learning_rate", "generation_eval_batch_size": "generation_batch_size"}
 
 
 def _closest(key, keys):
@@ -26,7 +26,7 @@ def _closest(key, keys):
 
 def _check_type(key, value, default, source):
     """Return `value` converted to the default's type, or raise a UserError."""
-    if default is None or value is None:
+    if default is None:
         return value
     if isinstance(default, bool):
         if isinstance(value, bool):
@@ -37,10 +37,13 @@ def _check_type(key, value, default, source):
         return float(value)
     elif isinstance(default, int) and isinstance(value, int) and not isinstance(value, bool):
         return value
-    elif isinstance(default, str):
-        return value if isinstance(value, str) else None
+    elif isinstance(default, str) and isinstance(value, str):
+        return value
     elif isinstance(default, (list, tuple)) and isinstance(value, (list, tuple)):
         return type(default)(value)
+    elif isinstance(default, (list, tuple)) and isinstance(value, str):
+        # the original study's configs write lists as "a,b,c" (eval_dataset_names, wandb_tags)
+        return type(default)(s.strip() for s in value.split(",") if s.strip())
     elif isinstance(default, dict) and isinstance(value, dict):
         return value
     elif type(value) is type(default):

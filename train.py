@@ -29,7 +29,9 @@ DEFAULTS = dict(
     checkpoint_interval=0,  # 0: checkpoint at every eval_interval
     log_interval=1,
     eval_iters=100,
+    eval_batch_size=0,  # micro-batch size of the loss evaluations; 0 = batch_size
     eval_only=False,
+    always_save_checkpoint=True,  # False: a periodic checkpoint only when loss/test improved (llama2.c)
     save_best_model=False,  # also keep out_dir/ckpt_best.pt, the best loss/test so far
     seed=1337,
     **WANDB_CONFIG_DEFAULTS,  # wandb_log, wandb_project, wandb_run_name, wandb_entity, wandb_tags, wandb_mode
@@ -139,7 +141,7 @@ class LMEvaluator:
         metrics = {}
         for name, (data_dir, split) in self.loss_sets.items():
             # a fresh loader re-seeds identically: the same batches at every evaluation
-            batches = self.loader(data_dir, split, self.cfg["batch_size"])
+            batches = self.loader(data_dir, split, self.cfg["eval_batch_size"] or self.cfg["batch_size"])
             losses = torch.zeros(self.cfg["eval_iters"])
             for k in range(self.cfg["eval_iters"]):
                 x, y = next(batches)

@@ -206,6 +206,7 @@ class Trainer:
         resume_iter = self.iter_num if ckpt is not None else None
         self.logger = MetricsLogger(self.out_dir, cfg, enabled=run.master, resume_iter=resume_iter)
         self.stop_requested = False
+        self.improved_since_save = False  # always_save_checkpoint=False saves only after an improvement
         self.grow_schedule = parse_grow_schedule(cfg)  # {iteration: "weights" | "layers"}
 
     # -- model / optimizer / state
@@ -371,6 +372,7 @@ class Trainer:
                 do_eval, do_gen = True, True
             if do_eval and run.master:
                 improved = self.run_eval(it, do_gen)
+                self.improved_since_save |= improved
                 if improved and cfg.get("save_best_model") and it > 0 and not cfg.get("eval_only"):
                     self.save(loader_state, "ckpt_best.pt")
             if cfg.get("eval_only"):
@@ -380,8 +382,10 @@ class Trainer:
                 # every rank must stop at the same iteration; agreed on log steps only, which
                 # sync anyway (an all-reduce + .item() every step would stall the GPU)
                 stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
-            if it > self.start_iter and (it % ckpt_interval == 0 or it >= self.end_iter() or stop):
+            periodic = it % ckpt_interval == 0 and (cfg.get("always_save_checkpoint", True) or self.improved_since_save)
+            if it > self.start_iter and (periodic or it >= self.end_iter() or stop):
                 self.save(loader_state)
+                self.improved_since_save = False
             if it >= self.end_iter():
                 return "done"
             if stop:

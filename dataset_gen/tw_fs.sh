@@ -34,8 +34,13 @@ FAMILY=(
   "filter-ref-$D-specialise-$I|features!=$D,features=$I|--refusal=features=$D:1.0"
 )
 
+# the original study's later configs (and configs/base91M_tw_*_no_lrs.py) call recovery-D
+# specialise-D: it is made a link to recovery-D rather than a second copy
+ALIAS="specialise-$D"
+
 if [[ "${1:-}" == "--list" ]]; then
   for entry in "${FAMILY[@]}"; do echo "${entry%%|*}"; done
+  echo "$ALIAS"
   exit 0
 fi
 
@@ -46,3 +51,11 @@ for entry in "${FAMILY[@]}"; do
   "$PYTHON" "$REPO/tinystories.py" pretokenize --vocab_size="$VOCAB_SIZE" --data_cache_dir="$DATA_CACHE_DIR" \
       --filtering="$filtering" $other --dataset_name="$name" "$@"
 done
+
+if [[ "$VOCAB_SIZE" == "0" ]]; then LAYOUT="$DATA_CACHE_DIR/llama2"; else LAYOUT="$DATA_CACHE_DIR/tok$VOCAB_SIZE"; fi
+if [[ -e "$LAYOUT/$ALIAS" && ! -L "$LAYOUT/$ALIAS" ]]; then
+  echo "== $ALIAS: kept the existing dataset folder (not replaced by a link to recovery-$D)"
+else
+  ln -sfn "recovery-$D" "$LAYOUT/$ALIAS"  # relative: the cache folder can be moved
+  echo "== $ALIAS -> recovery-$D"
+fi

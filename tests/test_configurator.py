@@ -36,12 +36,41 @@ def test_types_alias_and_strings():
     (["--batch_size=abc"], "expects int"),
     (["--batch_size=1.5"], "expects int"),
     (["--compile=3"], "expects bool"),
+    (["--batch_size=None"], "expects int"),
+    (["--learning_rate=None"], "expects float"),
     (["missing_config.py"], "config file not found"),
     (["-x"], "use --key=value"),
 ])
 def test_errors(argv, fragment):
     with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         parse_config(DEFAULTS, argv)
+
+
+def test_wrong_type_in_file(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("dataset_name = 5\n")
+    with pytest.raises(UserError, match="'dataset_name' expects str"):
+        parse_config(DEFAULTS, [str(f)])
+
+
+def test_original_study_config_spellings(tmp_path):
+    """The original study's configs write lists as comma-separated strings and use
+    generation_eval_batch_size; they load unchanged into train.py's config."""
+    import train
+    f = tmp_path / "orig_aws.py"
+    f.write_text('init_from = "resume_model"\n'
+                 'eval_dataset_names = "specialise-Twist,filter-Twist, filter-adv-Twist"\n'
+                 'wandb_tags = "exp2,deletion"\n'
+                 'eval_batch_size = 256\n'
+                 'generation_eval_batch_size = 64\n'
+                 'always_save_checkpoint = False\n')
+    cfg = parse_config(train.DEFAULTS, [str(f), "--wandb_tags=a,b", "--eval_dataset_names=filter-Twist"])
+    assert cfg["eval_dataset_names"] == ["filter-Twist"] and cfg["wandb_tags"] == ["a", "b"]
+    cfg = parse_config(train.DEFAULTS, [str(f)])
+    assert cfg["eval_dataset_names"] == ["specialise-Twist", "filter-Twist", "filter-adv-Twist"]
+    assert cfg["wandb_tags"] == ["exp2", "deletion"] and cfg["eval_batch_size"] == 256
+    assert cfg["generation_batch_size"] == 64 and cfg["always_save_checkpoint"] is False
+    assert parse_config(train.DEFAULTS, ["--eval_dataset_names="])["eval_dataset_names"] == []
 
 
 def test_unknown_key_in_file(tmp_path):

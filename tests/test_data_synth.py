@@ -162,7 +162,9 @@ def test_tw_fs_builds_the_family(tiny_corpus, tmp_path):
         "filter-ref-Twist-specialise-Foreshadowing": ("features!=Twist,features=Foreshadowing", None, None,
                                                       "features=Twist:1.0"),
     }
-    assert sorted(os.listdir(os.path.join(cache, "tok8192"))) == sorted(expected)
+    assert sorted(os.listdir(os.path.join(cache, "tok8192"))) == sorted(list(expected) + ["specialise-Twist"])
+    # the name the fine-tuning configs use is a relative link to recovery-Twist
+    assert os.readlink(os.path.join(cache, "tok8192", "specialise-Twist")) == "recovery-Twist"
     tok = Tokenizer(tiny_corpus.tokenizer_model)
 
     def examples(name):
@@ -198,4 +200,4 @@ def test_tw_fs_builds_the_family(tiny_corpus, tmp_path):
                                                            "FEATURE_IRRELEVANT": "Conflict"},
                           capture_output=True, text=True)
     assert proc.stdout.split() == [n.replace("Twist", "Dialogue").replace("Foreshadowing", "Conflict")
-                                   for n in expected]
+                                   for n in expected] + ["specialise-Dialogue"]

@@ -153,6 +153,18 @@ def test_resume_model_and_eval_only(corpus, tmp_path):
     assert "loss/test" in proc.stdout
 
 
+def test_always_save_checkpoint_false_saves_only_after_improvement(corpus, tmp_path):
+    # learning rate 0: loss/test is the same at every evaluation, so only the first one improves
+    out = str(tmp_path / "a")
+    proc = run_cli(tiny_args(corpus, out, max_iters=20, eval_interval=5, checkpoint_interval=5, learning_rate=0,
+                             max_new_tokens=0, always_save_checkpoint=False, eval_batch_size=3), check=True)
+    saved = [int(l.rsplit("(iter ", 1)[1].rstrip(")")) for l in proc.stdout.splitlines() if l.startswith("saved checkpoint")]
+    assert saved == [5, 20]  # after the improving eval at 0, and the final one; not at 10 or 15
+    proc = run_cli(tiny_args(corpus, str(tmp_path / "b"), max_iters=10, eval_interval=5, checkpoint_interval=5,
+                             learning_rate=0, max_new_tokens=0), check=True)
+    assert sum(l.startswith("saved checkpoint") for l in proc.stdout.splitlines()) == 2  # default: every interval
+
+
 def test_bad_input_errors(corpus, tmp_path):
     out = str(tmp_path / "bad")
     assert_one_line_error(run_cli(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
