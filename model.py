@@ -403,31 +403,36 @@ class Transformer(nn.Module):
         Prompts of different lengths are left-padded and marked by `prompt_mask` (B, T, True on
         real tokens): padding is never attended to and positions start at each prompt's first
         real token, so every row is generated exactly as if it were alone.
+        Beyond max_seq_len the context is cropped to the last max_seq_len tokens, as llama2.c's
+        generate does (positions restart at the window's first token; no cache from then on).
         Returns (B, T + max_new_tokens) with the prompts included.
         """
         B, T = idx.shape
+        L = self.params.max_seq_len
         total = T + max_new_tokens
-        if total > self.params.max_seq_len:
-            raise ValueError(f"prompt + new tokens ({total}) exceed max_seq_len={self.params.max_seq_len}")
         padded = prompt_mask is not None and not bool(prompt_mask.all())
         if padded:
             valid = torch.ones(B, total, dtype=torch.bool, device=idx.device)
             valid[:, :T] = prompt_mask
-            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
-            eye = torch.eye(total, dtype=torch.bool, device=idx.device)
         dtype = next(self.parameters()).dtype
-        cache = KVCache(self.params, B, total, idx.device, dtype) if use_cache else None
+        cache = KVCache(self.params, B, total, idx.device, dtype) if use_cache and total <= L else None
+        if use_cache and T < L < total:
+            cache = KVCache(self.params, B, L, idx.device, dtype)  # used until the window starts to slide
         out = idx
         for step in range(max_new_tokens):
-            # with the cache only the newest token is fed after the first step
-            q0 = out.shape[1] - 1 if (cache is not None and step > 0) else 0
-            q1 = out.shape[1]
+            n = out.shape[1]
+            if cache is not None and n > cache.capacity:
+                cache = None  # the window slides: every step re-reads the last L tokens
+            w0 = 0 if cache is not None else max(0, n - L)  # first token of the context window
+            q0 = n - 1 if (cache is not None and step > 0) else w0  # with the cache: the newest token only
             mask = pos = None
             if padded:
                 # causal & key-is-real; a padding query attends to itself so no row is empty
-                causal = torch.ones(q1 - q0, q1, dtype=torch.bool, device=idx.device).tril(q0)
-                mask = (causal[None] & valid[:, None, :q1]) | eye[q0:q1, :q1][None]
-                pos = positions[:, q0:q1]
+                keys = valid[:, w0:n]
+                causal = torch.ones(n - q0, n - w0, dtype=torch.bool, device=idx.device).tril(q0 - w0)
+                itself = torch.eye(n - w0, dtype=torch.bool, device=idx.device)[q0 - w0:]
+                mask = (causal[None] & keys[:, None, :]) | itself[None]
+                pos = (keys.long().cumsum(1) - 1).clamp_min(0)[:, q0 - w0:]
             logits = self(out[:, q0:], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
             if temperature == 0.0:
                 next_tok = torch.argmax(logits, dim=-1, keepdim=True)

@@ -9,6 +9,7 @@ BOS is prepended as in training. The tokenizer is the one the checkpoint was tra
 otherwise. The story ends where the model starts the next example (BOS).
 """
 import argparse
+import sys
 
 import torch
 
@@ -52,9 +53,10 @@ def main(argv=None):
             start = f.read()
     start = start.replace("\\n", "\n")
     ids = tok.encode(start, bos=True)
-    new = min(args.max_new_tokens, model.params.max_seq_len - len(ids))
-    if new <= 0:
-        raise UserError(f"the prompt ({len(ids)} tokens) leaves no room in max_seq_len={model.params.max_seq_len}")
+    new = args.max_new_tokens
+    if len(ids) + new > model.params.max_seq_len:
+        print(f"notice: prompt + {new} tokens exceed max_seq_len={model.params.max_seq_len}; beyond it the model "
+              f"sees only the last {model.params.max_seq_len} tokens (as llama2.c)", file=sys.stderr)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
     out = model.generate(x, new, temperature=args.temperature, top_k=args.top_k or None, generator=gen)

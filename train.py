@@ -9,6 +9,8 @@ Config keys and defaults follow the fine-tuning study's train.py (itself llama2.
 finetune_t0.py). This file adds what is specific to language modelling on TinyStories datasets:
 the data, the evaluation losses on named datasets, and the generation evaluation.
 """
+import os
+
 import torch
 
 from adafactor import ADAFACTOR_CONFIG_DEFAULTS, apply_optimizer_preset
@@ -183,12 +185,13 @@ class LMEvaluator:
         rows = []
         gen = torch.Generator(device=self.run.device).manual_seed(cfg["seed"] + iter_num)
         bs = cfg["generation_batch_size"]
-        for start in range(0, len(prompts), bs):
+        from tinystories import progress
+        for start in progress(range(0, len(prompts), bs), desc=f"generating ({os.path.basename(data_dir)})",
+                              unit="batch", leave=False):
             chunk = prompts[start:start + bs]
             longest = max(len(p) for p in chunk)
-            new = min(cfg["max_new_tokens"], cfg["max_seq_len"] - longest)
-            if new <= 0:
-                continue
+            # past max_seq_len the model sees the last max_seq_len tokens (llama2.c's cropping)
+            new = cfg["max_new_tokens"]
             idx = torch.zeros(len(chunk), longest, dtype=torch.long)
             mask = torch.zeros(len(chunk), longest, dtype=torch.bool)
             for i, p in enumerate(chunk):  # left padding: every prompt ends where generation starts

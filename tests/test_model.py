@@ -156,6 +156,38 @@ def test_kv_cache_generation_equals_no_cache(kv):
     assert torch.equal(s1, s2)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generation_beyond_max_seq_len_crops_the_context_like_llama2c(use_cache):
+    """llama2.c's generate: idx_cond = idx[:, -max_seq_len:], full forward, last logits.
+    Written out here as the reference; prompts of different lengths (left-padded in one batch)
+    give each row's own cropped generation."""
+    m = tiny(2).float()  # max_seq_len 40
+    L = m.params.max_seq_len
+
+    def llama2c_greedy(prompt, new):
+        idx = prompt[None]
+        for _ in range(new):
+            idx_cond = idx if idx.size(1) <= L else idx[:, -L:]
+            logits = m(idx_cond, all_logits=True)[:, -1]
+            idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+        return idx[0]
+
+    prompts = [torch.randint(0, 67, (n,)) for n in (12, 7)]
+    new = 45  # the window starts to slide after 28 / 33 new tokens
+    longest = max(len(p) for p in prompts)
+    idx = torch.zeros(2, longest, dtype=torch.long)
+    mask = torch.zeros(2, longest, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        idx[i, longest - len(p):], mask[i, longest - len(p):] = p, True
+    out = m.generate(idx, new, temperature=0.0, prompt_mask=mask, use_cache=use_cache)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out[i, longest:], llama2c_greedy(p, new)[len(p):])
+    # a prompt longer than the context is cropped too
+    long_prompt = torch.randint(0, 67, (L + 5,))
+    assert torch.equal(m.generate(long_prompt[None], 6, temperature=0.0, use_cache=use_cache)[0],
+                       llama2c_greedy(long_prompt, 6))
+
+
 def test_left_padded_prompts_generate_as_if_alone():
     m = tiny(2).float()
     p1, p2 = torch.randint(0, 67, (1, 4)), torch.randint(0, 67, (1, 9))
