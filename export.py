@@ -18,6 +18,7 @@ which is what `train.py --init_from=resume_model --model_dir=DIR` reads.
 Every output is written under a temporary name and renamed, so a failure leaves nothing half-written.
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -28,7 +29,7 @@ import torch
 
 from checkpoint import (FORMAT_VERSION, load_checkpoint, load_weights, model_args_dict,
                         model_from_checkpoint, save_checkpoint)
-from errors import ArgParser, UserError, cli_main
+from errors import ArgParser, UserError, cli_main, first_line
 from model import ModelArgs, Transformer, precompute_freqs_cis
 from fileio import atomic_file, building_dir  # temp name + rename; a failure leaves nothing
 
@@ -256,7 +257,7 @@ def load_sentencepiece(model_path):
     try:
         return spm.SentencePieceProcessor(model_file=model_path)
     except (RuntimeError, OSError) as e:
-        raise UserError(f"{model_path} is not a sentencepiece model ({str(e).splitlines()[0][:120]})")
+        raise UserError(f"{model_path} is not a sentencepiece model ({first_line(e, 120)})")
 
 
 def export_tokenizer(model_path, out_path, log=print):
@@ -382,24 +383,60 @@ def write_safetensors(f, tensors):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
+    """All tensors of a safetensors file. The header is checked against the file before any byte is
+    used, so a truncated or damaged file is refused by name, never read as zeros or garbage."""
     try:
-        (n,) = struct.unpack_from("<Q", data, 0)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 120)})")
+    if len(data) < 8:
+        raise UserError(f"{path} is not a safetensors file ({len(data)} bytes, too short for the header length)")
+    (n,) = struct.unpack_from("<Q", data, 0)
+    if n > len(data) - 8:
+        raise UserError(f"{path} is truncated or not a safetensors file (its header length {n} exceeds the {len(data)}-byte file)")
+    try:
         header = json.loads(data[8:8 + n])
-    except (struct.error, ValueError) as e:
-        raise UserError(f"{path} is not a safetensors file ({e})")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise UserError(f"{path} is not a safetensors file (header is not JSON: {first_line(e, 120)})")
+    if not isinstance(header, dict):
+        raise UserError(f"{path} is not a safetensors file (header is not a JSON object)")
+    data_len = len(data) - 8 - n
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = SAFETENSORS_DTYPES.get(info["dtype"])
+        where = f"{path}: tensor {name}"
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise UserError(f"{where} has a malformed header entry (needs dtype, shape and data_offsets [begin, end])")
+        dtype = SAFETENSORS_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
         if dtype is None:
-            raise UserError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-        begin, end = info["data_offsets"]
+            raise UserError(f"{where} has unsupported dtype {dtype_name!r} (known: {', '.join(SAFETENSORS_DTYPES)})")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(begin, int) and isinstance(end, int)):
+            raise UserError(f"{where} has a malformed shape {shape!r} or data_offsets {info['data_offsets']!r}")
+        if not 0 <= begin <= end <= data_len:
+            raise UserError(f"{where}: bytes [{begin}, {end}) lie outside the {data_len}-byte data section (truncated file?)")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if end - begin != nbytes:
+            raise UserError(f"{where}: {end - begin} bytes for shape {shape} of {dtype_name}, which needs {nbytes}")
+        # bytearray: a writable copy (torch.frombuffer refuses empty buffers, hence the 0-element case)
         buf = bytearray(data[8 + n + begin:8 + n + end])
-        out[name] = torch.frombuffer(buf, dtype=dtype).reshape(info["shape"]) if buf else torch.zeros(info["shape"], dtype=dtype)
+        out[name] = torch.frombuffer(buf, dtype=dtype).reshape(shape) if buf else torch.empty(shape, dtype=dtype)
     return out
+
+
+def read_torch_weights(path):
+    """A pytorch_model.bin (or one of its shards): a dict of tensors, or a one-line error."""
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # on arbitrary bytes the unpickler raises almost anything (IndexError, KeyError, ...)
+        raise UserError(f"{path} is not a readable PyTorch weights file ({first_line(e, 120)})")
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise UserError(f"{path} is not a PyTorch state dict (expected a dict of tensors)")
+    return sd
 
 
 def export_hf(model, out_dir, tokenizer=None, permute=True, log=print):
@@ -440,8 +477,18 @@ def _hf_weights(hf_dir):
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = os.path.join(hf_dir, index_name)
         if os.path.isfile(index):
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise UserError(f"{index} is not a readable shard index ({first_line(e, 120)})")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise UserError(f"{index}: weight_map is not a mapping of tensor names to shard files")
+            files = sorted(set(weight_map.values()))
+            # every shard must be there: importing only some would leave weights missing or mixed
+            for name in files:
+                if not os.path.isfile(os.path.join(hf_dir, name)):
+                    raise UserError(f"{os.path.join(hf_dir, name)} not found (a shard named in {index_name})")
             break
     else:
         files = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(hf_dir, n))][:1]
@@ -450,10 +497,7 @@ def _hf_weights(hf_dir):
     weights = {}
     for name in files:
         path = os.path.join(hf_dir, name)
-        if name.endswith(".safetensors"):
-            weights.update(read_safetensors(path))
-        else:
-            weights.update(torch.load(path, map_location="cpu", weights_only=True))
+        weights.update(read_safetensors(path) if name.endswith(".safetensors") else read_torch_weights(path))
     return weights
 
 
@@ -546,7 +590,8 @@ def main(argv=None):
                                "write a run.c tokenizer .bin, or import an HF / llama2.c model as a checkpoint.")
     ap.add_argument("filepath", nargs="?", help="output: .bin file, HF folder, tokenizer .bin, or imported checkpoint "
                                                 "(.pt file, or a folder that gets ckpt.pt)")
-    ap.add_argument("--version", type=int, default=0, help="0, 1, 2 = llama2.c .bin (2 = int8 Q8_0); -1 = HF Llama folder")
+    ap.add_argument("--version", type=int, default=None, help="format of a --checkpoint export: 0 (default), 1, 2 = llama2.c "
+                                                              ".bin (2 = int8 Q8_0); -1 = HF Llama folder. Refused in other modes")
     ap.add_argument("--checkpoint", help="our checkpoint (ckpt.pt or its folder) to export")
     ap.add_argument("--tokenizer", help="sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, "
                                         "add it to the HF folder; with a .bin export, write tokenizer.bin beside it")
@@ -554,6 +599,14 @@ def main(argv=None):
     ap.add_argument("--import_hf", metavar="DIR", help="HF LlamaForCausalLM folder to import as our checkpoint")
     ap.add_argument("--import_bin", metavar="FILE", help="llama2.c model .bin (v0/v1/v2) to import as our checkpoint")
     a = ap.parse_args(argv)
+
+    # --version is checked first, in every mode: a typo or a flag that does nothing must not pass silently
+    if a.version is not None and a.version not in (-1, 0, 1, 2):
+        raise UserError(f"unknown version {a.version}: 0, 1, 2 write llama2.c .bin files, -1 a Hugging Face folder")
+    if a.version is not None and a.checkpoint is None:
+        raise UserError(f"--version={a.version} applies only to a --checkpoint export (an import reads the format from "
+                        f"its input; the tokenizer .bin has a single format)")
+    version = 0 if a.version is None else a.version
 
     if a.import_hf or a.import_bin:
         if a.import_hf and a.import_bin or a.checkpoint:
@@ -573,17 +626,15 @@ def main(argv=None):
             raise UserError("nothing to do: give --checkpoint, --tokenizer, --import_hf or --import_bin")
         export_tokenizer(a.tokenizer, a.filepath or os.path.splitext(a.tokenizer)[0] + ".bin")
         return
-    if a.version not in (-1, 0, 1, 2):
-        raise UserError(f"unknown version {a.version}: 0, 1, 2 write llama2.c .bin files, -1 a Hugging Face folder")
     if not a.filepath:
         raise UserError("missing the output path (first argument)")
     if a.group_size <= 0:
         raise UserError(f"--group_size must be positive, not {a.group_size}")
     model = model_from_checkpoint(load_checkpoint(a.checkpoint)).eval()
-    if a.version == -1:
+    if version == -1:
         export_hf(model, a.filepath, a.tokenizer)
         return
-    export_bin(model, a.filepath, a.version, a.group_size)
+    export_bin(model, a.filepath, version, a.group_size)
     if a.tokenizer:
         export_tokenizer(a.tokenizer, os.path.join(os.path.dirname(os.path.abspath(a.filepath)), "tokenizer.bin"))
 

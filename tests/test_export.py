@@ -485,6 +485,150 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
 
 
+def split_safetensors(path):
+    """(header dict, data section bytes) of a safetensors file, for the tests that damage one."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def join_safetensors(header, body):
+    raw = json.dumps(header).encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
+def test_hf_import_refuses_damaged_safetensors(tmp_path):
+    """A truncated or inconsistent model.safetensors is a one-line error naming file and tensor,
+    never an import with zeroed weights (the old reader substituted zeros past the end of the file)."""
+    model = tiny_model(2, False)
+    good = tmp_path / "good"
+    export.export_hf(model, str(good), log=lambda *a: None)
+    header, body = split_safetensors(good / "model.safetensors")
+    tensors = sorted((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__")
+    (last_begin, _), last = tensors[-1]
+    mid = "model.layers.0.self_attn.q_proj.weight"  # a matrix in the middle of the data
+    mid_begin, mid_end = header[mid]["data_offsets"]
+    assert tensors[0][0][0] < mid_begin and mid_end < last_begin
+    bad_dtype = json.loads(json.dumps(header))
+    bad_dtype[mid]["dtype"] = "I4"
+    bad_size = json.loads(json.dumps(header))
+    bad_size[mid]["shape"] = [bad_size[mid]["shape"][0] // 2, bad_size[mid]["shape"][1]]  # offsets cover twice that
+    no_offsets = json.loads(json.dumps(header))
+    del no_offsets[mid]["data_offsets"]
+    past_end = json.loads(json.dumps(header))
+    past_end[mid]["data_offsets"] = [len(body), len(body) + mid_end - mid_begin]
+    full = join_safetensors(header, body)
+    cases = [
+        ("cut_at_tensor", join_safetensors(header, body[:last_begin]), [last, "outside"]),  # was: zeros, rc 0
+        ("cut_in_tensor", join_safetensors(header, body[:mid_begin + 6]), [mid, "outside"]),  # was: a traceback
+        ("short", full[:5], ["too short"]),
+        ("header_len", struct.pack("<Q", 10 ** 12) + full[8:], ["header length"]),
+        ("not_json", struct.pack("<Q", 16) + b"{not json at all" + body, ["not JSON"]),
+        ("json_list", join_safetensors([1, 2], body), ["not a JSON object"]),
+        ("dtype", join_safetensors(bad_dtype, body), [mid, "unsupported dtype 'I4'"]),
+        ("size", join_safetensors(bad_size, body), [mid, "which needs"]),
+        ("no_offsets", join_safetensors(no_offsets, body), [mid, "malformed"]),
+        ("past_end", join_safetensors(past_end, body), [mid, "outside"]),
+    ]
+    for case, data, fragments in cases:
+        hf = tmp_path / case
+        hf.mkdir()
+        (hf / "config.json").write_bytes((good / "config.json").read_bytes())
+        (hf / "model.safetensors").write_bytes(data)
+        out = tmp_path / f"imp_{case}.pt"
+        if case in ("cut_at_tensor", "cut_in_tensor"):  # the reported bugs, through the CLI
+            proc = run_cli(["export.py", str(out), f"--import_hf={hf}"])
+            assert_one_line_error(proc, str(hf / "model.safetensors"), *fragments)
+            assert proc.returncode == 2
+        else:
+            with pytest.raises(UserError) as e:
+                export.main([str(out), f"--import_hf={hf}"])
+            assert str(hf / "model.safetensors") in str(e.value) and "\n" not in str(e.value), case
+            for fragment in fragments:
+                assert fragment in str(e.value), (case, str(e.value))
+        assert not out.exists(), case
+    # the undamaged file still imports exactly, and a 0-element tensor is legal (not a cut)
+    args, state = export.read_hf(str(good))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(join_safetensors({"e": {"dtype": "F16", "shape": [0, 3], "data_offsets": [0, 0]}}, b""))
+    assert export.read_safetensors(str(empty))["e"].shape == (0, 3)
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
+
+
+def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
+    model = tiny_model(2, False)
+    good = tmp_path / "good"
+    export.export_hf(model, str(good), log=lambda *a: None)
+    names = list(split_safetensors(good / "model.safetensors")[0])
+    names.remove("__metadata__")
+
+    # a shard named in the index that is not there (was: FileNotFoundError traceback)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_bytes((good / "config.json").read_bytes())
+    (sharded / "model-00001-of-00002.safetensors").write_bytes((good / "model.safetensors").read_bytes())
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in names}
+    weight_map[names[-1]] = "model-00002-of-00002.safetensors"
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    proc = run_cli(["export.py", str(tmp_path / "imp_shard.pt"), f"--import_hf={sharded}"])
+    assert_one_line_error(proc, str(sharded / "model-00002-of-00002.safetensors"), "not found", "model.safetensors.index.json")
+    # once every shard is there, the same index imports
+    weight_map[names[-1]] = "model-00001-of-00002.safetensors"
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert all(torch.equal(export.read_hf(str(sharded))[1][k], v) for k, v in model.state_dict().items())
+    (sharded / "model.safetensors.index.json").write_text("{")
+    with pytest.raises(UserError, match="model.safetensors.index.json is not a readable shard index"):
+        export.main([str(tmp_path / "imp_index.pt"), f"--import_hf={sharded}"])
+
+    # pytorch_model.bin: a good one imports, a corrupt one is a one-line error (was: torch.load traceback)
+    binned = tmp_path / "binned"
+    binned.mkdir()
+    (binned / "config.json").write_bytes((good / "config.json").read_bytes())
+    torch.save(export.hf_state_dict(model), str(binned / "pytorch_model.bin"))
+    assert all(torch.equal(export.read_hf(str(binned))[1][k], v) for k, v in model.state_dict().items())
+    weights = binned / "pytorch_model.bin"
+    weights.write_bytes(b"this is not a zip archive nor a pickle")
+    proc = run_cli(["export.py", str(tmp_path / "imp_bin.pt"), f"--import_hf={binned}"])
+    assert_one_line_error(proc, str(weights), "not a readable PyTorch weights file")
+    for case, make in (("empty", lambda: weights.write_bytes(b"")),
+                       ("list", lambda: torch.save([torch.zeros(2)], str(weights)))):
+        make()
+        with pytest.raises(UserError, match=re.escape(str(weights))):
+            export.main([str(tmp_path / f"imp_{case}.pt"), f"--import_hf={binned}"])
+    assert [p for p in os.listdir(tmp_path) if p.startswith("imp")] == []
+
+
+def test_version_is_checked_in_every_mode(tmp_path):
+    """An unknown --version is refused before anything is read, whatever the mode; a valid one where
+    it does nothing (imports, the tokenizer .bin) is refused too instead of silently ignored."""
+    model = tiny_model()
+    ckpt = save_tiny(tmp_path / "ckpt.pt", model)
+    hf = tmp_path / "hf"
+    export.export_hf(model, str(hf), log=lambda *a: None)
+    good_bin = tmp_path / "good.bin"
+    export.export_bin(model, str(good_bin), 1, log=lambda *a: None)
+    tok = os.path.join(SHARED, "tokenizers", "tok8192.model")
+    out = tmp_path / "out"
+    # the old code imported / wrote the tokenizer with rc 0 here
+    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--import_hf={hf}"]), "unknown version 3")
+    cases = [
+        ([str(out), "--version=9", f"--import_bin={good_bin}"], "unknown version 9"),
+        ([str(out), "--version=-2", f"--tokenizer={tok}"], "unknown version -2"),
+        ([str(out), "--version=5"], "unknown version 5"),
+        ([str(out), "--version=1", f"--import_bin={good_bin}"], "--version=1 applies only to a --checkpoint export"),
+        ([str(out), "--version=0", f"--import_hf={hf}"], "--version=0 applies only to a --checkpoint export"),
+        ([str(out), "--version=-1", f"--tokenizer={tok}"], "--version=-1 applies only to a --checkpoint export"),
+    ]
+    for argv, fragment in cases:
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            export.main(argv)
+    assert not out.exists()
+    # without --version a checkpoint export is still v0 (no "ak42" magic, vocab in the 28-byte header)
+    export.main([str(tmp_path / "v0.bin"), f"--checkpoint={ckpt}"])
+    assert np_read_bin(tmp_path / "v0.bin")[0]["version"] == 0
+
+
 # ---------------------------------------------------------------------- into training
 
 def test_train_fine_tunes_an_imported_checkpoint(tmp_path):
