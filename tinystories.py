@@ -131,6 +131,8 @@ def _fetch(url: str, archive: str, timeout: float):
                 print(f"resuming {archive} at {have} of {total} bytes")
             elif r.status_code == 200:  # no resume support (or a fresh start): from the beginning
                 have, mode = 0, "wb"
+                # without a Content-Length (chunked transfer) the size cannot be checked here: a cut
+                # chunked stream raises in iter_content, and gzip's CRC catches the rest on unpacking
                 total = int(r.headers["Content-Length"]) if "Content-Length" in r.headers else None
             else:
                 raise UserError(f"download of {url} failed: HTTP {r.status_code} {r.reason}")

@@ -239,7 +239,19 @@ class Trainer:
         if ckpt.get("optimizer_name", "adamw") != self.cfg.get("optimizer", "adamw"):
             raise UserError(f"checkpoint was trained with optimizer={ckpt.get('optimizer_name')}, config says "
                             f"{self.cfg.get('optimizer', 'adamw')}; use init_from=resume_model to switch")
+        # load_state_dict also restores the saved groups' hyperparameters; the config given now
+        # wins (e.g. a grown model resumed with the target model's config), with a notice
+        configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+                      for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        changed = set()
+        for group, want in zip(self.optimizer.param_groups, configured):
+            for k, v in want.items():
+                if group.get(k) != v:
+                    changed.add(f"{k} {group.get(k)} -> {v}")
+                    group[k] = v
+        if changed and self.run.master:
+            print(f"notice: optimizer settings from the config replace the checkpoint's: {'; '.join(sorted(changed))}")
         self.iter_num = ckpt["iter_num"]
         self.best_val_loss = ckpt.get("best_val_loss", 1e9)
         self.lr_rewarmup = ckpt.get("lr_rewarmup")

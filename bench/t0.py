@@ -36,6 +36,9 @@ from tokenizer import Tokenizer  # noqa: E402
 
 
 def load_examples(args, row_len):
+    if not os.path.isfile(args.tokenizer_model):
+        sys.exit(f"error: tokenizer {args.tokenizer_model} not found; make it with python tinystories.py "
+                 f"train_vocab --vocab_size=8192 or pass --tokenizer_model=PATH")
     tok = Tokenizer(args.tokenizer_model)
     if args.mixture:
         sources, _ = load_mixture(args.mixture)
@@ -53,7 +56,7 @@ def train_step(model, opt, batch, device):
     sync(device)
     t0 = time.perf_counter()
     batch.pop("loss_scale", None)
-    model(**batch)
+    model(**batch, return_logits=False)  # as the trainer: fused head + loss
     model.last_loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -84,7 +87,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--prefixlm", action="store_true")
     ap.add_argument("--mixture", default="")
-    ap.add_argument("--tokenizer_model", default=os.path.join(os.path.dirname(ROOT), "shared", "tokenizers", "tok8192.model"))
+    ap.add_argument("--tokenizer_model", default="data/tok8192.model",
+                    help="a sentencepiece model (python tinystories.py train_vocab --vocab_size=8192 makes this one)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()

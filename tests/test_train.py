@@ -150,7 +150,13 @@ def test_resume_model_and_eval_only(corpus, tmp_path):
     assert "notice: model shape taken from" in proc.stdout
     assert sorted(losses(ft)) == [0, 1, 2]
     proc = run_cli(tiny_args(corpus, base, init_from="resume_train", eval_only=True, max_new_tokens=0), check=True)
-    assert "loss/test" in proc.stdout
+    assert "loss/test" in proc.stdout and "notice: optimizer settings" not in proc.stdout
+    # resume_train with other optimizer settings: the config wins, with a notice
+    proc = run_cli(tiny_args(corpus, base, init_from="resume_train", max_iters=8, max_new_tokens=0, weight_decay=0.05,
+                             beta2=0.99), check=True)
+    assert "notice: optimizer settings from the config replace the checkpoint's" in proc.stdout
+    groups = torch.load(os.path.join(base, "ckpt.pt"), weights_only=True)["optimizer"]["param_groups"]
+    assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05] and all(g["betas"][1] == 0.99 for g in groups)
 
 
 def test_always_save_checkpoint_false_saves_only_after_improvement(corpus, tmp_path):
