@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint, load_weights, save_checkpoint
-from errors import ArgParser, UserError, cli_main
+from errors import ArgParser, UserError, cli_main, first_line
 from model import ModelArgs, Transformer
 from optim import build_optimizer, optimizer_param_names
 
@@ -257,9 +257,12 @@ def grow_depth(weights, args, opt_state, opts):
 
 # ---------------------------------------------------------------------- optimizer state by name (§6)
 
-def optimizer_state_by_name(ckpt, names):
-    """{parameter name: AdamW state} of a checkpoint, checked against the model's parameter names."""
-    if ckpt.get("optimizer") is None:
+def optimizer_state_by_name(ckpt, shapes):
+    """{parameter name: AdamW state} of a checkpoint, checked against the model's parameters
+    (`shapes`: {name: shape}). Structure and every moment's shape are checked here: a malformed
+    state would otherwise be grown, written, and fail only inside AdamW when train.py resumes."""
+    opt = ckpt.get("optimizer")
+    if opt is None:
         return {}
     opt_name = ckpt.get("optimizer_name", "adamw")
     if opt_name != "adamw":
@@ -269,18 +272,41 @@ def optimizer_state_by_name(ckpt, names):
     if saved is None:
         raise UserError("the checkpoint has optimizer state but no param_names, so its state cannot be mapped "
                         "by name (checkpoints written by this project's train.py have them)")
-    if sorted(saved) != sorted(names):
-        unknown = sorted(set(saved) - set(names))[:3] or sorted(set(names) - set(saved))[:3]
+    if not isinstance(saved, (list, tuple)):
+        raise UserError(f"the checkpoint's param_names is a {type(saved).__name__}, not a list of names")
+    if sorted(map(str, saved)) != sorted(shapes):
+        unknown = sorted(set(map(str, saved)) - set(shapes))[:3] or sorted(set(shapes) - set(map(str, saved)))[:3]
         raise UserError(f"the checkpoint's optimizer state does not match the model's parameters "
-                        f"(unknown or missing parameter names: {', '.join(unknown)})")
-    state = ckpt["optimizer"].get("state", {})
+                        f"(unknown or missing parameter names: {', '.join(unknown) or 'a name listed twice'})")
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
+            and opt["param_groups"] and all(isinstance(g, dict) for g in opt["param_groups"])):
+        raise UserError("the checkpoint's optimizer entry is not a torch optimizer state dict "
+                        "(it needs a 'state' dict and a non-empty 'param_groups' list)")
     by_name = {}
-    for index, st in state.items():
+    for index, st in opt["state"].items():
+        # torch keys the state by int position in param_groups; other keys would be dropped on load
+        if type(index) is not int or not 0 <= index < len(saved):
+            raise UserError(f"the checkpoint's optimizer state has index {index!r:.40} but only {len(saved)} "
+                            f"param_names (indices 0-{len(saved) - 1})")
+        name = saved[index]
+        if not isinstance(st, dict):
+            raise UserError(f"the optimizer state of {name} is not a dict")
         unknown = [k for k in st if k not in ADAM_STATE_KEYS]
         if unknown:
-            raise UserError(f"unknown optimizer state '{unknown[0]}' for {saved[int(index)]}; grow.py maps AdamW's "
+            raise UserError(f"unknown optimizer state '{unknown[0]}' for {name}; grow.py maps AdamW's "
                             f"{', '.join(ADAM_STATE_KEYS)}")
-        by_name[saved[int(index)]] = st
+        missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if st and k not in st]
+        if missing:  # AdamW initialises only an empty state; a partial one fails at its first step
+            raise UserError(f"the optimizer state of {name} has no {missing[0]}")
+        if st and not (isinstance(st["step"], torch.Tensor) and st["step"].numel() == 1):
+            raise UserError(f"the optimizer state of {name}: step must be a one-element tensor")
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            if key in st and not isinstance(st[key], torch.Tensor):
+                raise UserError(f"the optimizer state of {name}: {key} is a {type(st[key]).__name__}, not a tensor")
+            if key in st and tuple(st[key].shape) != shapes[name]:
+                raise UserError(f"the checkpoint's optimizer state is inconsistent: {key} of {name} has shape "
+                                f"{tuple(st[key].shape)}, the parameter {shapes[name]}")
+        by_name[name] = st
     return by_name
 
 
@@ -301,10 +327,50 @@ def optimizer_state_dict(args, cfg, overrides, by_name, old):
 
 # ---------------------------------------------------------------------- the whole training state
 
+WEIGHTS_MISMATCH = "the checkpoint's weights do not match its model_args (incompatible shapes or names)"
+
+
+def check_checkpoint(ckpt):
+    """The entries growth reads besides the optimizer state, checked before any work (a missing
+    iter_num used to surface only after the grown checkpoint had been written)."""
+    model = ckpt.get("model")
+    if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
+        raise UserError("the checkpoint's 'model' entry is not a state dict of tensors")
+    if not isinstance(ckpt.get("model_args"), dict):
+        raise UserError("the checkpoint's 'model_args' entry is not a dict")
+    if not isinstance(ckpt.get("config") or {}, dict):
+        raise UserError("the checkpoint's 'config' entry is not a dict")
+    if "iter_num" not in ckpt:
+        raise UserError("the checkpoint has no 'iter_num' (growth continues its iteration count; "
+                        "checkpoints written by train.py have it)")
+    if type(ckpt["iter_num"]) is not int or ckpt["iter_num"] < 0:
+        raise UserError(f"the checkpoint's iter_num must be an int >= 0, not {ckpt['iter_num']!r:.40}")
+    rw = ckpt.get("lr_rewarmup")
+    if rw is not None and not (isinstance(rw, dict) and type(rw.get("shift", 0)) is int):
+        raise UserError(f"the checkpoint's lr_rewarmup must be None or {{'start', 'iters', 'shift'}}, not {rw!r:.60}")
+
+
+def checked_small_model(args, weights):
+    """The meta model `args` describes, with the weights checked against it. Runs before
+    check_limits, so broken model_args (silently filled with ModelArgs' 7B defaults) are reported
+    as a mismatch, not as a grown model beyond the size limits."""
+    # layer count first: building the meta model costs time per layer, and n_layers may be anything
+    if args.n_layers != len({k.split(".")[1] for k in weights if k.startswith("layers.")}):
+        raise UserError(WEIGHTS_MISMATCH)
+    try:
+        small = meta_model(args)
+    except (AssertionError, TypeError, ValueError, ZeroDivisionError, OverflowError, RuntimeError) as e:
+        raise UserError(f"the checkpoint's model_args do not describe a model ({first_line(e)})")
+    expected = small.state_dict()
+    if set(weights) != set(expected) or any(tuple(weights[k].shape) != tuple(v.shape) for k, v in expected.items()):
+        raise UserError(WEIGHTS_MISMATCH)
+    return small
+
+
 def target_schedule(ckpt, opts):
     """Mode target (§6.3): the schedule position jumps back from S_pre to S_target = S_pre / c and
     the LR re-warms linearly over rewarmup_iters; iteration counting (and data) continue."""
-    it = ckpt.get("iter_num", 0)
+    it = ckpt["iter_num"]
     shift = (ckpt.get("lr_rewarmup") or {}).get("shift", 0)
     s_pre = it - shift
     c = opts.c_width if opts.doubling == "weights" else opts.c_depth
@@ -317,21 +383,18 @@ def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg=None) -> dict:
     training config whose optimizer settings the grown optimizer state must match (default: the
     checkpoint's own)."""
     opts.check()
+    check_checkpoint(ckpt)
     cfg = {"learning_rate": 0.0, **(cfg if cfg is not None else ckpt.get("config") or {})}
     args = ModelArgs.from_dict(ckpt["model_args"])
+    weights = clean_state_dict(ckpt["model"])
+    if args.tie_embeddings and "output.weight" not in weights and "tok_embeddings.weight" in weights:
+        weights["output.weight"] = weights["tok_embeddings.weight"]
+    small = checked_small_model(args, weights)
     new_args = grown_args(args, opts.doubling)
     check_limits(new_args)
     if opts.mode == "exact" and (args.dropout > 0 or cfg.get("dropout", 0.0) > 0):
         raise UserError("mode=exact needs dropout=0 (dropout masks differ between the halves)")
-
-    weights = clean_state_dict(ckpt["model"])
-    if args.tie_embeddings and "output.weight" not in weights and "tok_embeddings.weight" in weights:
-        weights["output.weight"] = weights["tok_embeddings.weight"]
-    small = meta_model(args)
-    expected = small.state_dict()
-    if set(weights) != set(expected) or any(tuple(weights[k].shape) != tuple(v.shape) for k, v in expected.items()):
-        raise UserError("the checkpoint's weights do not match its model_args (incompatible shapes or names)")
-    opt_state = optimizer_state_by_name(ckpt, [n for n, _ in small.named_parameters()])
+    opt_state = optimizer_state_by_name(ckpt, {n: tuple(p.shape) for n, p in small.named_parameters()})
 
     overrides = None
     with torch.no_grad():
@@ -459,6 +522,25 @@ def grow_in_run(trainer, doubling, batch):
 
 # ---------------------------------------------------------------------- CLI
 
+def check_out_dir(out_dir, force):
+    """The path of the grown ckpt.pt, checked before loading or growing anything (a bad out_dir
+    used to fail only at the write, after all the work)."""
+    out_path = os.path.join(out_dir, "ckpt.pt")
+    if os.path.isdir(out_path):
+        raise UserError(f"{out_path} is a folder; cannot write the grown checkpoint there")
+    if os.path.lexists(out_path) and not force:
+        raise UserError(f"{out_path} already exists (use --force to overwrite it)")
+    # the nearest existing folder on the way must be a writable folder (save creates the rest)
+    existing = os.path.abspath(out_dir)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserError(f"--out_dir {out_dir}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out_dir {out_dir}: {existing} is not writable")
+    return out_path
+
+
 def main(argv=None):
     p = ArgParser(prog="grow.py", description="Double a checkpoint's width (weights) or depth (layers), "
                   "function-preserving, with its optimizer state and schedule.")
@@ -478,19 +560,19 @@ def main(argv=None):
     p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in out_dir")
     a = p.parse_args(argv)
     opts = GrowthOptions(**{k: v for k, v in vars(a).items() if k not in ("resume", "out_dir", "force")}).check()
-    out_path = os.path.join(a.out_dir, "ckpt.pt")
-    if os.path.exists(out_path) and not a.force:
-        raise UserError(f"{out_path} already exists (use --force to overwrite it)")
+    out_path = check_out_dir(a.out_dir, a.force)
     ckpt = load_checkpoint(a.resume)
     grown = grow_checkpoint(ckpt, opts)
-    save_checkpoint(grown, out_path)
-    old, new = ckpt["model_args"], grown["model_args"]
+    # the summary is built before the write, so nothing can fail after it
+    old, new = ModelArgs.from_dict(ckpt["model_args"]), grown["model_args"]
     sched = grown.get("lr_rewarmup") or {}
     where = (f"; schedule position {grown['iter_num'] - sched['shift']} (was {ckpt['iter_num'] - (ckpt.get('lr_rewarmup') or {}).get('shift', 0)}), "
              f"LR re-warmup over {sched['iters']} iterations" if opts.mode == "target" else "; exact continuation")
-    print(f"grew {opts.doubling} ({opts.mode}, symmetry breaking {opts.split}): dim {old['dim']} -> {new['dim']}, "
-          f"layers {old['n_layers']} -> {new['n_layers']}, heads {old['n_heads']} -> {new['n_heads']}, "
-          f"hidden {ModelArgs.from_dict(old).ffn_hidden_dim()} -> {new['hidden_dim']}; iteration {grown['iter_num']}{where}")
+    summary = (f"grew {opts.doubling} ({opts.mode}, symmetry breaking {opts.split}): dim {old.dim} -> {new['dim']}, "
+               f"layers {old.n_layers} -> {new['n_layers']}, heads {old.n_heads} -> {new['n_heads']}, "
+               f"hidden {old.ffn_hidden_dim()} -> {new['hidden_dim']}; iteration {grown['iter_num']}{where}")
+    save_checkpoint(grown, out_path)
+    print(summary)
     print(f"wrote {out_path}; continue with: python train.py CONFIG --init_from=resume_train --out_dir={a.out_dir}")
 
 

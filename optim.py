@@ -5,8 +5,8 @@ fused on CUDA and CPU, foreach elsewhere) or Adafactor (adafactor.py). Parameter
 parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
 (growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e,
 "weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is
-the schedule: constant, or linear warmup + cosine to min_lr, optionally moved back and multiplied
-by a re-warmup ramp after growth.
+the schedule: constant, or linear warmup + cosine to min_lr, optionally moved back after growth
+with a linear re-warmup from 0 (spec §6.3).
 """
 import math
 
@@ -72,32 +72,39 @@ def optimizer_param_names(optimizer):
 
 
 def lr_at(it, cfg, rewarmup=None):
-    """Learning rate at iteration `it`.
+    """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it).
 
     lr_scheduling=False (the "no_lrs" configs): constant learning_rate.
     Otherwise: linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters
     (default max_iters), constant min_lr after. decay_lr=False also gives a constant rate.
-    rewarmup={"start": s, "iters": n, "shift": k} (after target-mode growth): the schedule is read
-    at position it - k, and multiplied by a linear ramp from iteration s to s+n.
+    rewarmup={"start": R0, "iters": R_w, "shift": k} (after target-mode growth, spec §6.3): the
+    schedule is read at position s = it - k. Growth at iteration R0 put the position at
+    R = R0 - k (S_target); for R <= s < R + R_w the rate is (s - R)/R_w * schedule(R + R_w),
+    a ramp from 0 at S_target to the fixed value schedule(S_target + R_w), then the schedule.
     """
+    if not rewarmup:
+        return schedule_lr(it, cfg)
+    start, iters, shift = rewarmup.get("start", 0), rewarmup.get("iters", 0), rewarmup.get("shift", 0)
+    if start <= it < start + iters:
+        # (s - R) = it - start: the ramp counts run iterations since growth
+        return (it - start) / iters * schedule_lr(start + iters - shift, cfg)
+    return schedule_lr(it - shift, cfg)
+
+
+def schedule_lr(pos, cfg):
+    """The configured schedule (constant, or warmup + cosine) at schedule position `pos`."""
     lr = cfg["learning_rate"]
-    run_it = it
-    if rewarmup:
-        it = it - rewarmup.get("shift", 0)
-    if cfg.get("lr_scheduling", True) and cfg.get("decay_lr", True):
-        warmup = cfg.get("warmup_iters", 0)
-        decay_iters = cfg.get("lr_decay_iters") or cfg["max_iters"]
-        min_lr = cfg.get("min_lr", 0.0)
-        if it < warmup:
-            lr = lr * (it + 1) / (warmup + 1)
-        elif it > decay_iters:
-            lr = min_lr
-        else:
-            ratio = (it - warmup) / max(1, decay_iters - warmup)
-            lr = min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-    if rewarmup and rewarmup.get("iters", 0) > 0 and run_it >= rewarmup["start"]:
-        lr *= min(1.0, (run_it - rewarmup["start"] + 1) / rewarmup["iters"])
-    return lr
+    if not (cfg.get("lr_scheduling", True) and cfg.get("decay_lr", True)):
+        return lr
+    warmup = cfg.get("warmup_iters", 0)
+    decay_iters = cfg.get("lr_decay_iters") or cfg["max_iters"]
+    min_lr = cfg.get("min_lr", 0.0)
+    if pos < warmup:
+        return lr * (pos + 1) / (warmup + 1)
+    if pos > decay_iters:
+        return min_lr
+    ratio = (pos - warmup) / max(1, decay_iters - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
 def clip_grad_norm(model, max_norm, overrides=None):

@@ -5,6 +5,7 @@ symmetry breaking, the target schedule, the CLI, resume after growth and in-run 
 train.py, and the bad-input list. References are the unchanged small model and hand-built blocks."""
 import copy
 import json
+import math
 import os
 
 import pytest
@@ -326,9 +327,17 @@ def test_target_schedule_position_and_rewarmup():
     assert g["iter_num"] == 40 and g["lr_rewarmup"] == {"start": 40, "iters": 5, "shift": 20}
     assert g["param_overrides"] is None
     rw = g["lr_rewarmup"]
-    for k in range(5):  # linear ramp on the target schedule read at S_target = 20
-        assert lr_at(40 + k, CFG, rw) == pytest.approx(lr_at(20 + k, CFG) * (k + 1) / 5)
-    assert lr_at(45, CFG, rw) == lr_at(25, CFG) and lr_at(79, CFG, rw) == lr_at(59, CFG)
+
+    def target(s):  # CFG's schedule after its warmup, written out: cosine from 1e-2 to 1e-3 over 3..60
+        return 1e-3 + 0.5 * (1 + math.cos(math.pi * (s - 3) / 57)) * (1e-2 - 1e-3)
+
+    # §6.3: iteration 40 is position S_target = 20; lr(s) = (s - 20)/5 * lr_target(25) for s in
+    # [20, 25): 0 at S_target, rising linearly to the fixed value lr_target(20 + R_w)
+    assert lr_at(40, CFG, rw) == 0.0
+    for k in range(1, 5):
+        assert lr_at(40 + k, CFG, rw) == pytest.approx(k / 5 * target(25), rel=1e-12)
+    assert lr_at(45, CFG, rw) == pytest.approx(target(25), rel=1e-12)  # continuous at S_target + R_w
+    assert lr_at(46, CFG, rw) == pytest.approx(target(26), rel=1e-12) and lr_at(79, CFG, rw) == pytest.approx(target(59), rel=1e-12)
     d = grown(g, "layers", c_depth=1.25, rewarmup_iters=0)  # position 20 -> 16: shifts add up
     assert d["lr_rewarmup"] == {"start": 40, "iters": 0, "shift": 24} and lr_at(41, CFG, d["lr_rewarmup"]) == lr_at(17, CFG)
 
@@ -421,7 +430,8 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     assert sorted(rows) == list(range(8, 16))  # position 8 -> 4: the run lasts 4 more iterations
     lrs = {r["iter"]: r["lr"] for r in records(wide, "train")}
     cfg = {**train.DEFAULTS, **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
-    assert lrs[8] == pytest.approx(lr_at(4, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
+    # §6.3 with S_target = 4, R_w = 2: 0 at the first step after growth, then half of lr_target(6)
+    assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
     proc = run_cli(["sample.py", f"--checkpoint={wide}", "--max_new_tokens=5", "--device=cpu"])
     assert proc.returncode == 0 and "---" in proc.stdout, proc.stderr[-2000:]
@@ -429,7 +439,7 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
 
 # ---------------------------------------------------------------------- bad input
 
-def test_bad_input(tmp_path):
+def test_bad_input(tmp_path, monkeypatch):
     small, opt = trained_small(steps=1)
     good = str(tmp_path / "good.pt")
     torch.save(state(small, opt, iter_num=1), good)
@@ -463,7 +473,9 @@ def test_bad_input(tmp_path):
     fails(good, "width-only", "--doubling=layers", "--mode=exact")
     fails(state(tiny(dropout=0.1)), "dropout", "--doubling=weights", "--mode=exact")
     fails(good, "c_width", "--doubling=weights", "--c_width=0.5")
-    fails({**state(small), "model_args": {**model_args_dict(small), "n_layers": 600}}, "limits", "--doubling=layers")
+    with monkeypatch.context() as mp:  # a consistent checkpoint whose grown model is too deep (4 > 3)
+        mp.setattr(grow, "MAX_LAYERS", 3)
+        fails(state(small), "limits", "--doubling=layers")
     wide = ModelArgs(dim=20480, n_layers=2, n_heads=160, vocab_size=8, max_seq_len=4)
     with pytest.raises(UserError, match="limits"):
         grow.check_limits(grow.grown_args(wide, "weights"))
@@ -484,6 +496,78 @@ def test_bad_input(tmp_path):
         grow.parse_grow_schedule({"grow_schedule": "3:weights", "grow_mode": "exact", "dropout": 0.1, "max_iters": 10})
     with pytest.raises(UserError, match="adamw"):
         grow.parse_grow_schedule({"grow_schedule": "3:layers", "optimizer": "adafactor", "max_iters": 10})
+
+
+def grow_fails(tmp_path, ckpt, fragment, *args, out=None):
+    """grow.py on a bad checkpoint dict: one UserError naming `fragment`, nothing written."""
+    path = str(tmp_path / "bad.pt")
+    torch.save(ckpt, path)
+    out = out or str(tmp_path / "out")
+    with pytest.raises(UserError, match=fragment):
+        grow.main([f"--resume={path}", f"--out_dir={out}", *(args or ("--doubling=weights",))])
+    assert not os.path.exists(os.path.join(out, "ckpt.pt"))
+
+
+@pytest.mark.parametrize("doubling", ["weights", "layers"])
+def test_malformed_optimizer_state(tmp_path, doubling):
+    """Structure and every moment's shape are checked against the model: such a state used to be
+    grown and written (or crash with a KeyError / IndexError), failing only in train.py's resume."""
+    small, opt = trained_small(steps=1)
+    flag = f"--doubling={doubling}"
+
+    def broken(edit):
+        ck = state(small, opt, iter_num=1)
+        edit(ck["optimizer"])
+        return ck
+
+    grow_fails(tmp_path, broken(lambda o: o.pop("param_groups")), "param_groups", flag)
+    grow_fails(tmp_path, broken(lambda o: o.pop("state")), "'state'", flag)
+    n = len(optimizer_param_names(opt))
+    grow_fails(tmp_path, broken(lambda o: o["state"].update({n: o["state"][0]})), f"index {n} ", flag)
+    grow_fails(tmp_path, broken(lambda o: o["state"].update({-1: o["state"][0]})), "index -1 ", flag)
+    names = optimizer_param_names(opt)
+    wk = names.index("layers.0.attention.wk.weight")
+    for key in ("exp_avg", "exp_avg_sq"):
+        def transpose(o, key=key):
+            o["state"][wk][key] = o["state"][wk][key].t().contiguous()  # (16, 32) -> (32, 16)
+        grow_fails(tmp_path, broken(transpose), f"{key} of layers.0.attention.wk.weight has shape", flag)
+    grow_fails(tmp_path, broken(lambda o: o["state"][wk].pop("exp_avg_sq")), "exp_avg_sq", flag)
+    grow_fails(tmp_path, broken(lambda o: o["state"][wk].update(step=torch.ones(2))), "step", flag)
+
+
+def test_required_keys_and_out_dir_checked_before_any_work(tmp_path):
+    small, opt = trained_small(steps=1)
+    ck = state(small, opt, iter_num=1)
+    grow_fails(tmp_path, {k: v for k, v in ck.items() if k != "iter_num"}, "iter_num")
+    grow_fails(tmp_path, {**ck, "iter_num": "7"}, "iter_num")
+    grow_fails(tmp_path, {**ck, "model": [1, 2]}, "'model'")
+    grow_fails(tmp_path, {**ck, "lr_rewarmup": 3}, "lr_rewarmup")
+
+    # an out_dir that is a file, or below one: an error before loading or growing anything
+    good = str(tmp_path / "good.pt")
+    torch.save(ck, good)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("keep me")
+    for out in (str(blocker), str(blocker / "sub")):
+        with pytest.raises(UserError, match="not a folder"):
+            grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
+    assert blocker.read_text() == "keep me"
+    (tmp_path / "dir_out" / "ckpt.pt").mkdir(parents=True)  # ckpt.pt itself a folder, even with --force
+    with pytest.raises(UserError, match="is a folder"):
+        grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={tmp_path / 'dir_out'}", "--force"])
+    # the CLI: one line, exit 2, no traceback
+    assert_one_line_error(run_cli(["grow.py", "--doubling=weights", f"--resume={good}", f"--out_dir={blocker}"]),
+                          "not a folder")
+
+
+def test_broken_model_args_are_a_shape_mismatch_not_a_size_limit(tmp_path):
+    small = tiny()
+    # unknown keys only: ModelArgs' defaults (dim 4096, 32 layers) would be grown to 26B parameters
+    grow_fails(tmp_path, {**state(small), "model_args": {"foo": 1}}, "do not match")
+    grow_fails(tmp_path, {**state(small), "model_args": {"foo": 1}}, "do not match", "--doubling=layers")
+    grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "n_layers": 10 ** 9}}, "do not match")
+    grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "n_heads": 5}}, "model_args")
+    grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "dim": "32"}}, "model_args")
 
 
 @pytest.fixture(autouse=True, scope="module")
