@@ -25,13 +25,13 @@ import hashlib
 import json
 import math
 import os
-import socket
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from errors import UserError
+import hub
+from errors import UserError, first_line
 
 TOKENIZATION_DEFAULTS = dict(
     add_bos=True,  # BOS before every input (our models were pretrained with one per document)
@@ -45,7 +45,6 @@ NORMALIZATIONS = ("token", "example", "token_microbatch")
 MIXINGS = ("example", "row")
 SOURCE_KEYS = {"name", "path", "hf", "config", "split", "weight", "range", "dataset"}
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-HUB_HOST = "huggingface.co"
 
 
 # ---------------------------------------------------------------------- mixture file
@@ -205,39 +204,14 @@ def check_range_overlap(train, valid):
 
 # ---------------------------------------------------------------------- reading records
 
-def _hub_reachable(timeout=3.0):
-    try:
-        socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
-        return None
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def _load_hub(src):
-    import datasets
-    offline = bool(datasets.config.HF_DATASETS_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
-    if not offline:
-        # probe once, quickly: datasets itself retries for ~30 s and prints a warning per retry
-        problem = _hub_reachable()
-        if problem:
-            raise UserError(f"hub source {src.describe()} needs the network, but {HUB_HOST} cannot be reached "
-                            f"({problem}); download it where the network works (then HF_DATASETS_OFFLINE=1 "
-                            f"reads the cache) or use a local file ('path')")
-    try:
-        return datasets.load_dataset(src.hf, src.config or None, split=src.split)
-    except Exception as e:  # offline, not cached, no such config/split: all the user's to fix
-        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        mode = "offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set) and not in the local cache" if offline else "not loadable"
-        raise UserError(f"hub source {src.describe()} is {mode}: {msg}; use a local file ('path') or the network")
-
-
 def read_records(src):
     """The rows of a source as dicts with 'inputs' and 'targets' strings (P3's *_pretokenized
     fields accepted) and, when present, 'answer_choices'; plus the number of rows of the file."""
     import datasets
     datasets.disable_progress_bars()
     if src.hf:
-        ds = _load_hub(src)
+        ds = hub.load_dataset(src.hf, src.config, src.split, what=f"hub source {src.describe()}",
+                              fix="use a local file ('path')")
     else:
         ext = os.path.splitext(src.path)[1].lower()
         if ext not in FORMATS:
@@ -247,7 +221,7 @@ def read_records(src):
         try:
             ds = datasets.load_dataset(FORMATS[ext], data_files=src.path, split="train")
         except Exception as e:
-            raise UserError(f"source {src.describe()}: cannot read {src.path} ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+            raise UserError(f"source {src.describe()}: cannot read {src.path} ({first_line(e)})")
     cols = set(ds.column_names)
     fields = next((f for f in (("inputs", "targets"), ("inputs_pretokenized", "targets_pretokenized"))
                    if set(f) <= cols and _is_text(ds, f[0])), None)

@@ -10,8 +10,9 @@ import os
 
 import torch
 
+import hub
 from checkpoint import load_checkpoint, model_from_checkpoint
-from errors import ArgParser, UserError
+from errors import ArgParser, UserError, first_line
 from fileio import write_atomic
 from tinystories import progress  # noqa: F401  (re-exported for the CLIs)
 
@@ -127,7 +128,7 @@ def read_rows(path: str, field: str = "text") -> list:
         try:
             table = pq.read_table(path)
         except Exception as e:  # pyarrow raises several types for a bad file
-            raise UserError(f"{path} is not a readable parquet file ({type(e).__name__}: {e})") from None
+            raise UserError(f"{path} is not a readable parquet file ({first_line(e)})") from None
         if field not in table.column_names:
             raise UserError(f"{path} has no '{field}' column (columns: {', '.join(table.column_names)})")
         return [str(v) for v in table.column(field).to_pylist()]
@@ -154,16 +155,9 @@ def read_rows(path: str, field: str = "text") -> list:
 
 
 def load_hf_rows(name: str, config, split: str, field: str = "text") -> list:
-    """Rows of a Hugging Face dataset through `datasets` (needs the network or its local cache)."""
-    try:
-        import datasets
-        ds = datasets.load_dataset(name, config, split=split) if config else datasets.load_dataset(name, split=split)
-    except ImportError:
-        raise UserError("--data=hf needs the `datasets` package (pip install datasets), or pass --data=PATH") from None
-    except Exception as e:  # offline, unknown name, hub errors: all mean "use a local file"
-        msg = str(e).splitlines()[0][:160] if str(e) else ""
-        raise UserError(f"could not load the Hugging Face dataset {name}{'/' + config if config else ''} "
-                        f"({type(e).__name__}: {msg}); offline? pass --data=PATH to a local file") from None
+    """Rows of a Hugging Face dataset through `datasets` (needs the network or its local cache);
+    an unreachable hub is one quick error line (hub.py), not half a minute of retries."""
+    ds = hub.load_dataset(name, config, split, fix="offline? pass --data=PATH to a local file")
     if field not in ds.column_names:
         raise UserError(f"dataset {name} has no '{field}' column")
     return list(ds[field])

@@ -21,6 +21,7 @@ Judges (the one in use is named in every output):
               temperature 0, max_tokens 200; an answer containing "yes" counts 1, "no" 0, anything
               else 0 with a warning. Answers are cached by a hash of model + prompt
               (--judge_cache=FILE keeps them across runs). judge_accuracy is null (unmeasured).
+              --judge_url is probed (one HEAD request) before any story is generated.
 Last stdout line: {"feature", "score", "ci95", "n", "judge", "judge_accuracy"}.
 """
 import glob
@@ -40,9 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from dataset_spec import FEATURES, STORY_FEATURES, _check_feature, feature_labels, header_fields, raw_data_dir  # noqa: E402
-from errors import UserError, cli_main  # noqa: E402
+from errors import UserError, cli_main, first_line  # noqa: E402
 from evaluation.common import (model_parser, cache_dir_of, check_positive, emit, layout_vocab,  # noqa: E402
-                               load_for_args, write_atomic)
+                               load_for_args, progress, write_atomic)
 
 
 def check_feature(name: str, flag="--feature") -> str:
@@ -140,9 +141,15 @@ class ClassifierJudge:
         key = hashlib.sha256(json.dumps([CLASSIFIER_VERSION, feature, max_train, max_test, stamp]).encode()).hexdigest()[:16]
         cache = os.path.join(data_cache_dir, "judges", f"{feature}-{key}.json")
         if os.path.isfile(cache):
-            with open(cache) as f:
-                d = json.load(f)
-            return cls(feature, d["vocab"], d["weights"], d["bias"], d["stats"])
+            try:
+                with open(cache) as f:
+                    d = json.load(f)
+                judge = cls(feature, d["vocab"], d["weights"], d["bias"], d["stats"])
+                judge.description  # reads every stats field the outputs use
+                return judge
+            except (OSError, ValueError, KeyError, TypeError) as e:  # written atomically: only outside damage
+                raise UserError(f"the cached {feature} judge {cache} is corrupt ({first_line(e)}); delete it "
+                                f"and it is trained again") from None
         t0 = time.time()
         rng = random.Random(0)
         train_x, train_y = _raw_stories(shards[1:], max_train, feature)
@@ -272,12 +279,39 @@ class LLMJudge:
         self.description = f"{self.name} (OpenAI-compatible chat API, 2-shot yes/no protocol)"
         self.accuracy = None
         self.cache_path, self.cache, self.unparsed = cache_path, {}, 0
-        if cache_path and os.path.isfile(cache_path):
-            with open(cache_path) as f:
-                for line in f:
-                    if line.strip():
-                        rec = json.loads(line)
-                        self.cache[rec["key"]] = rec["reply"]
+        if cache_path and os.path.exists(cache_path):
+            i = 0
+            try:
+                with open(cache_path) as f:
+                    for i, line in enumerate(f, 1):
+                        if line.strip():
+                            rec = json.loads(line)
+                            if not isinstance(rec["reply"], str):
+                                raise TypeError(f"'reply' is {type(rec['reply']).__name__}, not text")
+                            self.cache[rec["key"]] = rec["reply"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                where = f"{cache_path}:{i}" if i else cache_path
+                raise UserError(f"--judge_cache {where} is not a cache of judge replies ({first_line(e)}); delete "
+                                f"it (its replies are asked again) or pass another file") from None
+        elif cache_path and not os.path.isdir(os.path.dirname(os.path.abspath(cache_path))):
+            # found now, not at the first reply to be cached (after every story is generated)
+            raise UserError(f"--judge_cache {cache_path}: the folder {os.path.dirname(os.path.abspath(cache_path))} "
+                            f"does not exist")
+
+    def _no_answer(self, e):
+        import requests
+        kind = "timed out" if isinstance(e, requests.exceptions.Timeout) else "could not be reached"
+        return UserError(f"LLM judge at {self.endpoint} {kind} (timeout {self.timeout:g}s; "
+                         f"{type(e).__name__}); check --judge_url or use --judge=classifier")
+
+    def check_reachable(self):
+        """One cheap request (HEAD: no tokens spent) with the configured timeout, so that a dead
+        --judge_url fails before the stories are generated, not after. Any HTTP answer will do."""
+        import requests
+        try:
+            requests.head(self.endpoint, timeout=(self.timeout, self.timeout))
+        except requests.exceptions.RequestException as e:
+            raise self._no_answer(e) from None
 
     def _post(self, body):
         import requests
@@ -286,9 +320,7 @@ class LLMJudge:
             try:
                 r = requests.post(self.endpoint, json=body, headers=headers, timeout=(self.timeout, self.timeout))
             except requests.exceptions.RequestException as e:
-                kind = "timed out" if isinstance(e, requests.exceptions.Timeout) else "could not be reached"
-                raise UserError(f"LLM judge at {self.endpoint} {kind} (timeout {self.timeout:g}s; "
-                                f"{type(e).__name__}); check --judge_url or use --judge=classifier") from None
+                raise self._no_answer(e) from None
             if (r.status_code == 429 or r.status_code >= 500) and attempt < self.retries:
                 time.sleep(2 ** attempt)  # rate limit / server hiccup: a short bounded backoff
                 continue
@@ -302,7 +334,7 @@ class LLMJudge:
 
     def judge(self, stories):
         out = []
-        for story in stories:
+        for story in progress(stories, desc="judging", unit="story"):  # one request per uncached story
             messages = judge_messages(self.feature, story)
             key = hashlib.sha256(json.dumps([self.model, messages]).encode()).hexdigest()
             if key not in self.cache:
@@ -346,12 +378,17 @@ class FeatureScore:
 
     def metrics(self):
         """{"gen_feature_score": pooled, "gen_feature_score/<name>": per dataset}, for datasets
-        with at least one prompt asking for the feature; then starts over (one call per eval)."""
+        with at least one prompt asking for the feature, with the judge that gave them
+        ("gen_feature_judge": its description, "gen_feature_judge_accuracy": its held-out accuracy,
+        None when unmeasured), so no logged score goes without them; then starts over (one call
+        per eval)."""
         out = {f"gen_feature_score/{k}": sum(v) / len(v) for k, v in self.present.items() if v}
         pooled = [x for v in self.present.values() for x in v]
         self.present = {}
         if pooled:
             out["gen_feature_score"] = sum(pooled) / len(pooled)
+            out["gen_feature_judge"] = self.judge.description
+            out["gen_feature_judge_accuracy"] = self.judge.accuracy
         return out
 
 
@@ -386,12 +423,21 @@ def main(argv=None):
     p.add_argument("--judge_timeout", type=float, default=30.0, help="seconds per request before giving up")
     p.add_argument("--judge_cache", default="", help="llm judge: JSONL file of cached replies")
     p.add_argument("--generations_out", default="", help="also write each prompt, story and verdict (JSONL)")
+    from pretok_data import check_dataset
     a = p.parse_args(argv)
+    # every input is checked before the expensive work: loading the model, training the classifier,
+    # generating the stories
     check_feature(a.feature)
     check_positive(num_samples=a.num_samples, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
+    llm = None
+    if a.judge == "llm":  # the URL's form, the timeout and the cache file
+        llm = make_judge(a.feature, "", "llm", a.judge_url, a.judge_model, a.judge_timeout, a.judge_cache)
     model, ckpt, tok = load_for_args(a)
     cache = cache_dir_of(ckpt, a.data_cache_dir)
-    judge = make_judge(a.feature, cache, a.judge, a.judge_url, a.judge_model, a.judge_timeout, a.judge_cache)
+    check_dataset(cache, layout_vocab(ckpt, tok), a.prompts_from, tok.model_path)
+    if llm:
+        llm.check_reachable()  # a dead --judge_url fails now, not after every story is generated
+    judge = llm or make_judge(a.feature, cache)  # the classifier: trained (and cached) on first use
     rows = generate_rows(model, tok, ckpt, cache, a.prompts_from, a.num_samples, a.batch_size, a.max_new_tokens,
                          a.temperature, a.top_k, a.seed)
     scorer = FeatureScore(judge)
@@ -406,6 +452,7 @@ def main(argv=None):
         asked = [r for r in rows if asks_for(r[0], a.feature)]
         lines = [json.dumps({"prompt": r[1], "generation": r[2], "target": r[3], "has_feature": v})
                  for r, v in zip(asked, present)]
+        os.makedirs(os.path.dirname(os.path.abspath(a.generations_out)), exist_ok=True)  # as --out does
         write_atomic(a.generations_out, ("\n".join(lines) + "\n").encode())
     print(f"judge: {judge.description}")
     if judge.accuracy is not None and judge.accuracy < 0.9:

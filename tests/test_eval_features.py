@@ -4,6 +4,7 @@ answers), the CLI's output, train.py's in-training feature score, and bad input.
 import http.server
 import json
 import os
+import pathlib
 import re
 import socket
 import threading
@@ -69,7 +70,7 @@ def test_wilson_interval():
 
 def test_feature_score_counts_only_prompts_that_ask():
     class Judge:
-        feature = "BadEnding"
+        feature, description, accuracy = "BadEnding", "sad-word judge", 0.75
 
         def judge(self, stories):
             return [int("sad" in s) for s in stories]
@@ -80,8 +81,18 @@ def test_feature_score_counts_only_prompts_that_ask():
     score = FeatureScore(Judge())
     score.add("id", rows)
     score.add("other", rows[2:])
-    assert score.metrics() == {"gen_feature_score/id": 0.5, "gen_feature_score": 0.5}
+    # every score is logged with the judge that gave it and the judge's held-out accuracy
+    assert score.metrics() == {"gen_feature_score/id": 0.5, "gen_feature_score": 0.5,
+                               "gen_feature_judge": "sad-word judge", "gen_feature_judge_accuracy": 0.75}
     assert score.metrics() == {}  # starts over after each evaluation
+    # a judge without a measured accuracy (the LLM judge) says so: None
+    llm = LLMJudge("BadEnding", "http://127.0.0.1:1/v1", model="m")
+    llm.judge = Judge().judge
+    score = FeatureScore(llm)
+    score.add("id", rows)
+    m = score.metrics()
+    assert m["gen_feature_judge"] == llm.description and "llm:m@" in m["gen_feature_judge"]
+    assert m["gen_feature_judge_accuracy"] is None
 
 
 # ---------------------------------------------------------------------- LLM judge against a stub
@@ -146,6 +157,78 @@ def test_llm_judge_protocol(stub, tmp_path, monkeypatch):
     again = LLMJudge("Twist", stub, model="stub-model", timeout=5, cache_path=str(tmp_path / "cache.jsonl"))
     assert again.judge(stories[:2]) == [1, 0] and len(StubHandler.requests) == 4
     assert judge.name == f"llm:stub-model@{stub}" and judge.accuracy is None
+
+
+def test_llm_judge_shows_progress(stub, monkeypatch):
+    import evaluation.eval_features as EF
+    bars = []
+
+    def recording_progress(iterable, **kwargs):
+        bars.append((len(iterable), kwargs))
+        return iterable
+    monkeypatch.setattr(EF, "progress", recording_progress)
+    judge = LLMJudge("Twist", stub, model="stub-model", timeout=5)
+    assert judge.judge(["a surprise", "a plain day", "another surprise"]) == [1, 0, 1]
+    assert len(bars) == 1 and bars[0][0] == 3 and bars[0][1]["desc"] == "judging"
+
+
+def test_corrupt_judge_caches_are_one_line_errors(corpus, ckpt, tmp_path):
+    # the LLM judge's reply cache: a line that is not JSON, a record without a reply, a folder
+    cache = tmp_path / "replies.jsonl"
+    for content, fragment in [('{"key": "k", "reply": "yes"}\n{not json\n', "replies.jsonl:2"),
+                              ('{"key": "k"}\n', "replies.jsonl:1"),
+                              ('{"key": "k", "reply": 3}\n', "replies.jsonl:1")]:
+        cache.write_text(content)
+        with pytest.raises(UserError, match=re.escape(fragment) + ".*delete it"):
+            LLMJudge("Twist", "http://127.0.0.1:1/v1", cache_path=str(cache))
+    with pytest.raises(UserError, match="not a cache of judge replies.*delete it"):
+        LLMJudge("Twist", "http://127.0.0.1:1/v1", cache_path=str(tmp_path))
+    with pytest.raises(UserError, match="does not exist"):
+        LLMJudge("Twist", "http://127.0.0.1:1/v1", cache_path=str(tmp_path / "no" / "replies.jsonl"))
+    # through the command line: one line, before any model is loaded or story generated
+    cache.write_text("{not json\n")
+    assert_one_line_error(run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist",
+                                   "--judge=llm", "--judge_url=http://127.0.0.1:1/v1", f"--judge_cache={cache}"]),
+                          f"{cache}:1", "delete it")
+    # the classifier's cache in <data_cache_dir>/judges/: truncated, or a record without its fields
+    ClassifierJudge.for_data("Twist", corpus.cache_dir)
+    [path] = pathlib.Path(corpus.cache_dir, "judges").glob("Twist-*.json")
+    good = path.read_bytes()
+    try:
+        for bad in (good[:len(good) // 2], b'{"vocab": [], "weights": [], "bias": 0.0, "stats": {}}'):
+            path.write_bytes(bad)
+            with pytest.raises(UserError, match=re.escape(str(path)) + ".*is corrupt.*delete it"):
+                ClassifierJudge.for_data("Twist", corpus.cache_dir)
+        path.write_bytes(good[:100])
+        assert_one_line_error(run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}",
+                                       "--prompts_from=filter-adv-Twist", "--device=cpu"]), str(path), "delete it")
+    finally:
+        path.write_bytes(good)
+
+
+def test_inputs_are_checked_before_the_judge_and_generation(corpus, ckpt, monkeypatch):
+    """A bad --prompts_from must not cost a classifier training (nor cache one), and a dead
+    --judge_url must fail before the stories are generated, not after."""
+    import evaluation.eval_features as EF
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("expensive work before the inputs were checked")
+    monkeypatch.setattr(EF.ClassifierJudge, "for_data", forbidden)
+    monkeypatch.setattr(EF, "generate_rows", forbidden)
+    base = [f"--checkpoint={ckpt}", "--device=cpu", "--max_new_tokens=8"]
+    with pytest.raises(UserError, match="no-such-set.*pretokenize"):
+        eval_features_main(base + ["--prompts_from=no-such-set"])
+    with pytest.raises(UserError, match="no-such-set.*pretokenize"):
+        eval_features_main(base + ["--prompts_from=no-such-set", "--judge=llm", "--judge_url=http://127.0.0.1:1/v1"])
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    t0 = time.time()
+    with pytest.raises(UserError, match="could not be reached"):
+        eval_features_main(base + ["--prompts_from=filter-adv-Twist", "--judge=llm",
+                                   f"--judge_url=http://127.0.0.1:{port}/v1", "--judge_timeout=2"])
+    assert time.time() - t0 < 30
 
 
 def test_parse_answer():
@@ -215,9 +298,8 @@ def test_bad_input(corpus, ckpt, tmp_path):
         with pytest.raises(UserError, match=re.escape(fragment)):
             eval_features_main(argv)
     # the classifier needs raw stories with their features field
-    bare = save_tiny_checkpoint(str(tmp_path / "bare.pt"), str(tmp_path / "empty_cache"), max_seq_len=128)
     with pytest.raises(UserError, match="synthesize"):
-        eval_features_main([f"--checkpoint={bare}", "--prompts_from=x", f"--tokenizer_model={corpus.cache_dir}/tok8192.model"])
+        ClassifierJudge.for_data("Twist", str(tmp_path / "empty_cache"))
 
 
 def test_in_training_feature_score(corpus, tmp_path):
@@ -245,5 +327,14 @@ def test_in_training_feature_score(corpus, tmp_path):
                 assert ev[f"gen_feature_score/{name.split('/')[1]}"] == pytest.approx(sum(verdicts) / len(verdicts))
         assert len(tables["generations/filter-adv-Twist"]) == 4  # every adversarial prompt asks
         assert ev["gen_feature_score"] == pytest.approx(sum(pooled) / len(pooled))
+        # the judge is named and its held-out accuracy logged next to every score
+        assert ev["gen_feature_judge"] == judge.description and "classifier:bow-logreg" in ev["gen_feature_judge"]
+        assert ev["gen_feature_judge_accuracy"] == pytest.approx(judge.accuracy)
+    # plot.py draws the numeric ones and does not offer the judge's name as a curve
+    import plot
+    plot.main([out, "--metrics=gen_feature_score,gen_feature_judge_accuracy", f"--out={tmp_path}/curves.png"])
+    assert os.path.getsize(tmp_path / "curves.png") > 0
+    with pytest.raises(UserError, match="no input has the metric 'gen_feature_judge'"):
+        plot.main([out, "--metrics=gen_feature_judge", f"--out={tmp_path}/x.png"])
     bad = dict(args, feature_eval="twist", out_dir=str(tmp_path / "bad"))
     assert_one_line_error(run_cli(["train.py"] + [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")

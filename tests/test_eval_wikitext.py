@@ -3,6 +3,8 @@
 plain block evaluation, and the CLI's numbers and errors."""
 import json
 import math
+import socket
+import time
 
 import pytest
 import torch
@@ -125,6 +127,23 @@ def test_cli_bad_input(tmp_path):
     # offline (the tests run with HF_DATASETS_OFFLINE=1): the HF test split is one clear line
     assert_one_line_error(run_cli(base + ["--data=hf"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}),
                           "--data=PATH")
+
+
+def test_cli_unreachable_hub_fails_at_once(tmp_path):
+    """Online, but the hub (HF_ENDPOINT, here a closed local port) does not answer: one quick probe
+    and one line, not datasets' half-minute of retries with a warning line each."""
+    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    env = {"HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"),
+           **{k: "" for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")}}
+    t0 = time.time()
+    proc = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
+                    "--device=cpu", "--data=hf"], env=env)
+    assert_one_line_error(proc, f"the hub {endpoint} cannot be reached", "--data=PATH")
+    assert time.time() - t0 < 20  # the process's imports included; datasets' retries took 27 s
 
 
 def test_hf_llama_folder_gives_the_same_numbers(tmp_path):

@@ -1,14 +1,19 @@
 """t0_data.py without a model: tokenisation conventions and length handling, mixture files and their
 errors, train/valid overlap, packing, mixture proportions, exact stream resume, attention masks,
 position ids, label masks and loss normalisation against brute-force / hand computations."""
+import http.server
 import json
 import math
 import os
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
+import hub
 import t0_data as T
 from conftest import SHARED
 from errors import UserError
@@ -167,18 +172,117 @@ def test_train_valid_overlap_is_refused(tmp_path):
     T.check_hash_overlap(hashes, "v", copy[1:])
 
 
-def test_hub_source_offline_is_a_clear_error(monkeypatch):
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    """The hub probe's environment without any proxy settings of the machine running the tests."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+                 "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class StubProxy(http.server.BaseHTTPRequestHandler):
+    """An HTTP proxy stand-in: records each request line and answers `status`."""
+    lines, status = [], 200
+
+    def _answer(self):
+        StubProxy.lines.append(self.requestline)
+        self.send_response(StubProxy.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = do_CONNECT = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def local_server():
+    StubProxy.lines, StubProxy.status = [], 200
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubProxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_hub_offline_switches(no_proxy_env):
+    mp = no_proxy_env
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        mp.delenv(name, raising=False)
+    assert not hub.offline()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.offline()
+    mp.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' precedence: its own switch wins
+    assert not hub.offline()
+    mp.setenv("HF_DATASETS_OFFLINE", "yes")
+    assert hub.offline()
+    mp.delenv("HF_ENDPOINT", raising=False)
+    assert hub.endpoint() == "https://huggingface.co"
+    mp.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
+    assert hub.endpoint() == "http://127.0.0.1:8080"
+
+
+def test_hub_probe_honours_hf_endpoint_and_proxies(no_proxy_env, local_server):
+    mp = no_proxy_env
+    # HF_ENDPOINT is the host probed: a local server answers, a closed port fails at once
+    mp.setenv("HF_ENDPOINT", local_server)
+    assert hub.unreachable() is None
+    mp.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    t0 = time.time()
+    assert "ConnectionRefusedError" in hub.unreachable()
+    assert time.time() - t0 < 3
+    # with a proxy configured, the probe is an HTTP request through it (the hub's own name is never
+    # looked up here: .invalid names do not resolve, so only the proxy can have answered)
+    mp.setenv("HF_ENDPOINT", "http://hub.invalid")
+    mp.setenv("HTTP_PROXY", local_server)
+    assert hub.unreachable() is None
+    assert StubProxy.lines[-1].startswith("HEAD http://hub.invalid/")
+    StubProxy.status = 502  # the proxy cannot reach the hub
+    assert hub.unreachable() == f"HTTP 502 through the proxy {local_server}"
+    mp.setenv("HF_ENDPOINT", "https://hub.invalid")  # https: HTTPS_PROXY, a CONNECT through it
+    mp.setenv("https_proxy", local_server)
+    assert "through the proxy" in hub.unreachable() and StubProxy.lines[-1].startswith("CONNECT hub.invalid:443")
+    mp.setenv("NO_PROXY", "hub.invalid")  # bypassed: a direct probe, and the name does not resolve
+    n = len(StubProxy.lines)
+    assert "through the proxy" not in hub.unreachable() and len(StubProxy.lines) == n
+    mp.delenv("NO_PROXY")
+    mp.setenv("https_proxy", f"http://127.0.0.1:{closed_port()}")  # a dead proxy
+    t0 = time.time()
+    assert hub.unreachable().startswith("ProxyError through the proxy")
+    assert time.time() - t0 < 3
+
+
+def test_hub_source_offline_is_a_clear_error(no_proxy_env):
+    mp = no_proxy_env
     src = T.Source(name="copa", hf="bigscience/P3", config="copa_best_option")
     # conftest sets HF_DATASETS_OFFLINE=1: no network is tried
     with pytest.raises(UserError, match="offline .* not in the local cache"):
         T.read_records(src)
-    # without the offline switch an unreachable hub is found by one quick probe, not 30 s of retries
+    # online, but the hub (HF_ENDPOINT) does not answer: one quick probe, not 30 s of datasets' retries
     import datasets
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(T, "_hub_reachable", lambda timeout=3.0: "OSError: no route to host")
-    with pytest.raises(UserError, match="cannot be reached .*no route to host"):
+
+    def no_retries(*args, **kwargs):
+        raise AssertionError("datasets asked an unreachable hub")
+    mp.setattr(datasets, "load_dataset", no_retries)
+    mp.setenv("HF_DATASETS_OFFLINE", "0")
+    mp.setenv("HF_HUB_OFFLINE", "0")
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    mp.setenv("HF_ENDPOINT", endpoint)
+    t0 = time.time()
+    with pytest.raises(UserError, match=f"hub source 'copa' .* needs the network, but the hub {endpoint} cannot "
+                                        f"be reached .*Connection refused.*use a local file"):
         T.read_records(src)
+    assert time.time() - t0 < 3
 
 
 # ---------------------------------------------------------------------- packing and mixtures
