@@ -92,20 +92,21 @@ class MetricsLogger:
             self.wandb = None
 
     def log(self, record: dict, kind="train", wandb_prefix_map=None):
-        """Append one record; also send numeric values to wandb (optionally renaming keys)."""
+        """Append one record; also send numbers and short texts (e.g. the feature judge's name)
+        to wandb (optionally renaming keys)."""
         if not self.enabled:
             return
-        record = {"iter": record.get("iter"), "kind": kind, **{k: _jsonable(v) for k, v in record.items() if k != "iter"}}
-        record.setdefault("time", time.time())
-        self.file.write(json.dumps(record) + "\n")
+        line = {"iter": record.get("iter"), "kind": kind, **{k: _jsonable(v) for k, v in record.items() if k != "iter"}}
+        line.setdefault("time", time.time())
+        self.file.write(json.dumps(line) + "\n")
         self.file.flush()
         if self.wandb is not None:
             data = {}
-            for k, v in record.items():
-                if k in ("kind", "time") or not isinstance(v, (int, float)) or isinstance(v, bool):
+            for k, v in record.items():  # the original values: a nan stays a float for wandb
+                if k == "time" or not isinstance(v, (int, float, str)) or isinstance(v, bool):
                     continue
                 data[(wandb_prefix_map or {}).get(k, k)] = v
-            self._wandb_call(lambda: self.wandb.log(data, step=record["iter"]))
+            self._wandb_call(lambda: self.wandb.log(data, step=line["iter"]))
 
     def log_table(self, name, columns, rows, iter_num):
         """A table (e.g. generations): one metrics.jsonl record holding the rows, a wandb.Table."""
