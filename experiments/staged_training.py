@@ -1,6 +1,6 @@
 """Staged training at CPU scale (docs/growth.md): does growing a small model save compute?
 
-    python experiments/staged_training.py --threads=1       # data, 5 runs, plot: ~6 min on 2 cores
+    python experiments/staged_training.py --threads=1       # data, 5 runs, plot: ~4 min on 2 cores
     python experiments/staged_training.py --threads=1 --grow_at=300 --reuse_target   # manual timing
     python experiments/staged_training.py --max_iters=200   # a quick smoke run
 
