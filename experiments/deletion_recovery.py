@@ -1,7 +1,7 @@
 """The fine-tuning study's deletion -> recovery experiment, end to end on the built-in corpus
 (Jain et al. 2023; ../shared/spec/tinystories-data.md §10-13), sized for a 2-core CPU.
 
-    python experiments/deletion_recovery.py                        # ~10 min on 2 idle cores
+    python experiments/deletion_recovery.py                        # ~8 min on 2 idle cores
     python experiments/deletion_recovery.py --out_dir=out/dr --pretrain_iters=1000
 
 1. data     synthesize the procedural corpus, train a tokenizer, and pretokenize pretrain-all,
