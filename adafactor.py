@@ -228,14 +228,35 @@ class Adafactor(torch.optim.Optimizer):
         return loss
 
     def step_sizes(self):
-        """{parameter name (or 'group.index'): alpha of its last step} for logging (host sync)."""
-        out = {}
+        """{parameter name (or 'group.index'): alpha of its last step} for logging (one host sync)."""
+        names, alphas = [], []
         for gi, group in enumerate(self.param_groups):
-            names = group.get("param_names") or [f"{gi}.{i}" for i in range(len(group["params"]))]
-            for name, p in zip(names, group["params"]):
+            group_names = group.get("param_names") or [f"{gi}.{i}" for i in range(len(group["params"]))]
+            for name, p in zip(group_names, group["params"]):
                 a = self.state.get(p, {}).get("alpha")
                 if a is not None:
-                    out[name] = float(a)
+                    names.append(name)
+                    alphas.append(a)
+        if not alphas:
+            return {}
+        # alpha is a 0-dim tensor with scale_parameter, else a float: one stack, one transfer
+        device = next((a.device for a in alphas if torch.is_tensor(a)), torch.device("cpu"))
+        values = torch.stack([a.detach().float().reshape(()) if torch.is_tensor(a) else torch.tensor(float(a), device=device)
+                              for a in alphas]).tolist()
+        return dict(zip(names, values))
+
+    def step_size_metrics(self):
+        """The spec's logging of the effective step size: alpha of a few named tensors (embedding,
+        first layer's wq, last layer's w2, final norm) and the mean over all tensors (not a global
+        LR: with scale_parameter alpha is relative to each tensor's RMS)."""
+        alphas = self.step_sizes()
+        if not alphas:
+            return {}
+        last = max((int(n.split(".")[1]) for n in alphas if n.startswith("layers.")), default=0)
+        named = ["tok_embeddings.weight", "layers.0.attention.wq.weight", f"layers.{last}.feed_forward.w2.weight",
+                 "norm.weight"]
+        out = {f"adafactor_alpha/{n}": alphas[n] for n in named if n in alphas}
+        out["adafactor_alpha/mean"] = sum(alphas.values()) / len(alphas)
         return out
 
     def load_state_dict(self, state_dict):

@@ -16,6 +16,7 @@ The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging 
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 
@@ -58,6 +59,8 @@ DEFAULTS = dict(
     # rank-classification evaluation of validation groups with answer_choices
     rank_eval_examples=200,  # per group, a fixed seeded subset; 0 disables
     rank_eval_batch_size=0,  # 0 = batch_size
+    # forgetting: the ordinary LM loss on the test shard of a pretokenized pretraining dataset
+    pretrain_text="",  # e.g. data/tok8192/pretrain-all: logged as loss/valid/pretrain_text, not in loss/valid
     score_eos=False,  # also score each choice's EOS
     # model (the shape comes from the checkpoint)
     dropout=0.0,  # T0 and BLOOMZ used 0.1
@@ -170,6 +173,24 @@ class T0Data:
         return hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
 
+def check_pretrain_text(folder, tok, vocab_size):
+    """The pretraining-text group's dataset folder <data_cache_dir>/tok<V>/<name> (or
+    <data_cache_dir>/llama2/<name>), checked like train.py checks its datasets: complete, and made
+    with this model's vocabulary and tokenizer."""
+    from pretok_data import check_dataset
+    folder = os.path.normpath(folder)
+    layout, name = os.path.split(folder)
+    cache, layout_name = os.path.split(layout)
+    match = re.fullmatch(r"tok(\d+)", layout_name)
+    if layout_name != "llama2" and not match:
+        raise UserError(f"pretrain_text={folder} is not a pretokenized dataset folder "
+                        f"(<data_cache_dir>/tok<vocab>/<name>, made by python tinystories.py pretokenize)")
+    manifest = check_dataset(cache, int(match.group(1)) if match else 0, name, tok.model_path)
+    if manifest["vocab_size"] != vocab_size:
+        raise UserError(f"pretrain_text={folder} has vocab {manifest['vocab_size']}, the model {vocab_size}")
+    return folder
+
+
 class T0Evaluator:
     """loss/valid/<name> on each group's fixed rows (one seeded packing, first eval_iters *
     batch_size rows), their mean loss/valid, rank_acc/<name> with medians, and the training
@@ -189,6 +210,21 @@ class T0Evaluator:
                 rank, _ = rank_examples(g["rows"], encoder, cfg["score_eos"], cfg["rank_eval_examples"], cfg["seed"])
             self.groups.append({"name": g["source"].name, "dataset": g["source"].dataset, "arrays": arrays,
                                 "rank": rank, "held_out": g["held_out"]})
+        self.pretrain_text = cfg["pretrain_text"]
+
+    def pretrain_text_loss(self, model):
+        """Mean LM loss over eval_iters batches of the pretraining text's test shard; a fresh
+        loader with the same seed reads the same windows at every evaluation."""
+        from pretok_data import BatchLoader
+        cfg = self.cfg
+        batches = BatchLoader(self.pretrain_text, "test", cfg["batch_size"], cfg["max_seq_len"], seed=cfg["seed"],
+                              device=self.run.device)
+        losses = []
+        for _ in range(cfg["eval_iters"]):
+            x, y = next(batches)
+            model(x, y, return_logits=False)
+            losses.append(model.last_loss.item())
+        return float(np.mean(losses))
 
     def __call__(self, model, iter_num, generations):
         from evaluation.eval_rank import rank_accuracy, summarize
@@ -210,6 +246,8 @@ class T0Evaluator:
         losses = [v for k, v in metrics.items() if k.startswith("loss/valid/")]
         if losses:
             metrics["loss/valid"] = float(np.mean(losses))
+        if self.pretrain_text and self.cfg["eval_iters"] > 0:  # after the mean: it tracks forgetting, not the finetuning tasks
+            metrics["loss/valid/pretrain_text"] = self.pretrain_text_loss(model)
         held = {g["name"] for g in self.groups if g["held_out"]}
         metrics.update(summarize(accs, held, {g["name"]: g["dataset"] for g in self.groups}))
         if self.stream.rows:
@@ -235,6 +273,8 @@ def main(argv=None):
     cfg["max_seq_len"] = cfg["max_seq_len"] or base_len
     tok = resolve_tokenizer(cfg, base)
     cfg["tokenizer_model"] = os.path.abspath(tok.model_path)  # so resume and eval_rank find it
+    if cfg["pretrain_text"]:
+        cfg["pretrain_text"] = check_pretrain_text(cfg["pretrain_text"], tok, base["model_args"]["vocab_size"])
     run = Run(cfg)
     encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_DEFAULTS})
     data = T0Data(train_src, valid_src, encoder, cfg["max_seq_len"] + 1, log=print if run.master else (lambda *a: None))

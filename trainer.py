@@ -447,6 +447,8 @@ class Trainer:
                     rec = {"iter": it, "loss/train": lossf, "lr": lr, "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s}
                     if mfu is not None:
                         rec["mfu"] = mfu
+                    if hasattr(self.optimizer, "step_size_metrics"):  # Adafactor: its effective step sizes
+                        rec.update(self.optimizer.step_size_metrics())
                     self.logger.log(rec, kind="train", wandb_prefix_map={"loss/train": "train/loss"})
                 loss_sum.zero_()
                 iters_since_log = 0

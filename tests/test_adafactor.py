@@ -411,6 +411,24 @@ def test_build_optimizer_on_tiny_transformer():
     assert losses[-1] < losses[0]
     alphas = opt.step_sizes()
     assert set(alphas) == set(names) and all(a > 0 for a in alphas.values())
+    # one more step: alpha = rho * max(eps2, RMS(x before the step)) with scale_parameter
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.zero_grad(set_to_none=True)
+    model(x, x)
+    model.last_loss.backward()
+    opt.step()
+    alphas = opt.step_sizes()
+    group = by_name["norm.weight"]
+    assert group["scale_parameter"]
+    for n in ("tok_embeddings.weight", "layers.0.attention.wq.weight", "norm.weight"):
+        rho = by_name[n]["lr"]
+        rms = before[n].double().pow(2).mean().sqrt().item()
+        assert alphas[n] == pytest.approx(rho * max(by_name[n]["eps"][1], rms), rel=1e-5)
+    # the logged summary: a few named tensors and the mean
+    summary = opt.step_size_metrics()
+    assert summary["adafactor_alpha/mean"] == pytest.approx(sum(alphas.values()) / len(alphas))
+    assert summary["adafactor_alpha/tok_embeddings.weight"] == alphas["tok_embeddings.weight"]
+    assert {"adafactor_alpha/layers.0.attention.wq.weight", "adafactor_alpha/norm.weight"} <= set(summary)
 
     rel = optim.build_optimizer(tiny_model(), {**cfg, "adafactor_relative_step": True,
                                                "adafactor_warmup_init": True, "adafactor_beta1": 0.9})

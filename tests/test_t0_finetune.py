@@ -73,6 +73,9 @@ def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
                              mixing="row", max_iters=6, eval_interval=3, max_seq_len=100))
     evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
     assert evals[-1]["loss/valid"] < evals[0]["loss/valid"]
+    # Adafactor's effective step sizes are logged on every log step (spec: a few tensors + mean)
+    train_rows = [r for r in read_metrics(out) if r["kind"] == "train"]
+    assert all(r["adafactor_alpha/mean"] > 0 and "adafactor_alpha/layers.0.attention.wq.weight" in r for r in train_rows)
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     # the preset's settings, except what the user set (learning_rate)
     assert ckpt["optimizer_name"] == "adafactor" and ckpt["config"]["grad_clip"] == 0.0
@@ -141,3 +144,41 @@ def test_cli_errors_are_one_line(setup, tmp_path):
     # conftest keeps the hub offline (HF_DATASETS_OFFLINE=1): a clear line, no network, no retries
     assert_one_line_error(run_cli(["finetune_t0.py"] + t0_args(hub, base, str(tmp_path / "o"))),
                           "hub source 'copa'", "offline")
+
+
+def test_pretrain_text_group_tracks_forgetting(setup, tmp_path):
+    """pretrain_text: the ordinary LM loss on a pretokenized dataset's test shard, logged as
+    loss/valid/pretrain_text beside the task groups and kept out of their mean; at iteration 0 it
+    equals the base model's loss on the same loader windows, computed here directly."""
+    import shutil
+
+    from pretok_data import BatchLoader
+    mixture, base = setup
+    cache = str(tmp_path / "data")
+    run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={cache}", "--num_shards=2", "--stories_per_shard=60"],
+            check=True)
+    shutil.copy(TOK8192, os.path.join(cache, "tok8192.model"))
+    run_cli(["tinystories.py", "pretokenize", "--vocab_size=8192", f"--data_cache_dir={cache}",
+             "--dataset_name=pretrain-all", "--workers=1"], check=True)
+    folder = os.path.join(cache, "tok8192", "pretrain-all")
+    out = str(tmp_path / "ft")
+    finetune_t0.main(t0_args(mixture, base, out, max_iters=4, eval_interval=4, eval_iters=2, pretrain_text=folder))
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    assert [r["iter"] for r in evals] == [0, 4]
+    groups = [k for k in evals[0] if k.startswith("loss/valid/") and k != "loss/valid/pretrain_text"]
+    assert evals[0]["loss/valid"] == pytest.approx(sum(evals[0][k] for k in groups) / len(groups))
+    model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
+    batches = BatchLoader(folder, "test", 4, 128, seed=1337)
+    with torch.no_grad():
+        expected = []
+        for _ in range(2):
+            x, y = next(batches)
+            model(x, y)
+            expected.append(model.last_loss.item())
+    assert evals[0]["loss/valid/pretrain_text"] == pytest.approx(sum(expected) / 2, rel=1e-5)
+    assert evals[1]["loss/valid/pretrain_text"] != evals[0]["loss/valid/pretrain_text"]
+    # not a dataset folder, or one made with another tokenizer: one-line errors before training
+    with pytest.raises(UserError, match="not a pretokenized dataset folder"):
+        finetune_t0.main(t0_args(mixture, base, str(tmp_path / "x"), pretrain_text=str(tmp_path)))
+    with pytest.raises(UserError, match="not found"):
+        finetune_t0.main(t0_args(mixture, base, str(tmp_path / "x"), pretrain_text=os.path.join(cache, "tok8192", "nope")))
