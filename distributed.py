@@ -56,6 +56,15 @@ def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def all_gather_object(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order (a one-element list without DDP)."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier(info: DistInfo):
     if info.enabled:
         dist.barrier()

@@ -27,7 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint as ckpt_lib
-from distributed import all_reduce_max, all_reduce_mean, cleanup, init_distributed
+from distributed import all_gather_object, all_reduce_max, all_reduce_mean, cleanup, init_distributed
 from errors import UserError
 from metrics import MetricsLogger
 from model import ModelArgs, Transformer
@@ -259,13 +259,16 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         if ckpt.get("loader") is not None and hasattr(self.batches, "load_state_dict"):
             self.batches.load_state_dict(ckpt["loader"])
-        if ckpt.get("rng") is not None:
+        per_rank = ckpt.get("rng_per_rank")
+        if per_rank is not None and len(per_rank) == self.world:
+            ckpt_lib.set_rng_state(per_rank[self.run.dist.rank])  # exact, also under DDP
+        elif ckpt.get("rng") is not None:
             ckpt_lib.set_rng_state(ckpt["rng"])
-            # each rank saved rank 0's state; offset so dropout masks differ across ranks
+            # another world size (or ckpt_best.pt): rank 0's state, offset so dropout differs per rank
             if self.run.dist.rank:
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + self.run.dist.rank)
 
-    def checkpoint_dict(self, loader_state):
+    def checkpoint_dict(self, loader_state, rng_per_rank=None):
         return {
             "format_version": ckpt_lib.FORMAT_VERSION,
             "model": self.raw_model.state_dict(),
@@ -279,15 +282,16 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "config": dict(self.cfg),
             "rng": ckpt_lib.rng_state(),
+            "rng_per_rank": rng_per_rank,  # under DDP: every rank's generators, in rank order
             "loader": loader_state,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
         }
 
-    def save(self, loader_state, name="ckpt.pt"):
+    def save(self, loader_state, name="ckpt.pt", rng_per_rank=None):
         self.check_finite(weights=True)
         if self.run.master:
             path = os.path.join(self.out_dir, name)
-            ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state), path)
+            ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state, rng_per_rank), path)
             print(f"saved checkpoint to {path} (iter {self.iter_num})")
 
     # -- NaN guard without per-step host syncs: remember the first bad iteration on device
@@ -390,14 +394,21 @@ class Trainer:
             if cfg.get("eval_only"):
                 return "eval_only"
             stop = self.stop_requested
-            if run.dist.enabled and it % cfg["log_interval"] == 0:
+            if run.dist.enabled:
                 # every rank must stop at the same iteration; agreed on log steps only, which
                 # sync anyway (an all-reduce + .item() every step would stall the GPU)
-                stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
-            periodic = it % ckpt_interval == 0 and (cfg.get("always_save_checkpoint", True) or self.improved_since_save)
-            if it > self.start_iter and (periodic or it >= self.end_iter() or stop):
-                self.save(loader_state)
-                self.improved_since_save = False
+                if it % cfg["log_interval"] == 0:
+                    stop = bool(all_reduce_max(torch.tensor(int(stop), device=run.device), run.dist).item())
+                else:
+                    stop = False
+            if it > self.start_iter and (it % ckpt_interval == 0 or it >= self.end_iter() or stop):
+                # every rank's generators (dropout masks differ per rank), gathered on a schedule
+                # all ranks share, so that a DDP run resumes exactly too
+                rng = all_gather_object(ckpt_lib.rng_state(), run.dist)
+                periodic = it % ckpt_interval == 0 and (cfg.get("always_save_checkpoint", True) or self.improved_since_save)
+                if periodic or it >= self.end_iter() or stop:
+                    self.save(loader_state, rng_per_rank=rng)
+                    self.improved_since_save = False
             if it >= self.end_iter():
                 return "done"
             if stop:
