@@ -661,3 +661,25 @@ def test_train_fine_tunes_an_imported_checkpoint(tmp_path):
     reference = first_eval(str(original), str(tmp_path / "ref"), eval_only=True)
     assert imported["iter"] == 0 and imported["loss/test"] == reference["loss/test"]
     assert load_checkpoint(str(tmp_path / "ft" / "ckpt.pt"))["iter_num"] == 2  # it trained on from there
+
+
+@pytest.mark.parametrize("dtype, code", [(torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_hf_import_of_half_precision_weights(tmp_path, dtype, code):
+    """Hub checkpoints are usually bf16/fp16: importing one gives our fp32 model holding exactly
+    the rounded weights (compared here with the exported fp32 weights cast the same way)."""
+    model = tiny_model(2, False)
+    folder = tmp_path / "hf"
+    export.export_hf(model, str(folder), log=lambda *a: None)
+    tensors = export.read_safetensors(str(folder / "model.safetensors"))
+    new_header, chunks, offset = {}, [], 0
+    for name, t in tensors.items():
+        raw = t.to(dtype).contiguous().view(torch.int16).numpy().tobytes()
+        new_header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    (folder / "model.safetensors").write_bytes(join_safetensors(new_header, b"".join(chunks)))
+    args, state = export.read_hf(str(folder))
+    ours = model.state_dict()
+    for k, v in state.items():
+        assert v.dtype == torch.float32
+        assert torch.equal(v, ours[k].to(dtype).to(torch.float32)), k
