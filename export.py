@@ -595,7 +595,8 @@ def main(argv=None):
     ap.add_argument("--checkpoint", help="our checkpoint (ckpt.pt or its folder) to export")
     ap.add_argument("--tokenizer", help="sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, "
                                         "add it to the HF folder; with a .bin export, write tokenizer.bin beside it")
-    ap.add_argument("--group_size", type=int, default=64, help="Q8_0 group size for v2 (halved until it divides dim)")
+    ap.add_argument("--group_size", type=int, default=None, help="Q8_0 group size for --version=2 (default 64, halved "
+                                                                 "until it divides dim); refused with other versions")
     ap.add_argument("--import_hf", metavar="DIR", help="HF LlamaForCausalLM folder to import as our checkpoint")
     ap.add_argument("--import_bin", metavar="FILE", help="llama2.c model .bin (v0/v1/v2) to import as our checkpoint")
     a = ap.parse_args(argv)
@@ -607,6 +608,9 @@ def main(argv=None):
         raise UserError(f"--version={a.version} applies only to a --checkpoint export (an import reads the format from "
                         f"its input; the tokenizer .bin has a single format)")
     version = 0 if a.version is None else a.version
+    if a.group_size is not None and version != 2:
+        raise UserError(f"--group_size={a.group_size} applies only to --version=2 (int8 Q8_0) exports")
+    group_size = 64 if a.group_size is None else a.group_size
 
     if a.import_hf or a.import_bin:
         if a.import_hf and a.import_bin or a.checkpoint:
@@ -628,13 +632,13 @@ def main(argv=None):
         return
     if not a.filepath:
         raise UserError("missing the output path (first argument)")
-    if a.group_size <= 0:
-        raise UserError(f"--group_size must be positive, not {a.group_size}")
+    if group_size <= 0:
+        raise UserError(f"--group_size must be positive, not {group_size}")
     model = model_from_checkpoint(load_checkpoint(a.checkpoint)).eval()
     if version == -1:
         export_hf(model, a.filepath, a.tokenizer)
         return
-    export_bin(model, a.filepath, version, a.group_size)
+    export_bin(model, a.filepath, version, group_size)
     if a.tokenizer:
         export_tokenizer(a.tokenizer, os.path.join(os.path.dirname(os.path.abspath(a.filepath)), "tokenizer.bin"))
 

@@ -619,6 +619,10 @@ def test_version_is_checked_in_every_mode(tmp_path):
         ([str(out), "--version=1", f"--import_bin={good_bin}"], "--version=1 applies only to a --checkpoint export"),
         ([str(out), "--version=0", f"--import_hf={hf}"], "--version=0 applies only to a --checkpoint export"),
         ([str(out), "--version=-1", f"--tokenizer={tok}"], "--version=-1 applies only to a --checkpoint export"),
+        # --group_size only shapes v2's quantisation: elsewhere it would be silently ignored
+        ([str(out), "--version=1", f"--checkpoint={ckpt}", "--group_size=32"], "--group_size=32 applies only to --version=2"),
+        ([str(out), f"--checkpoint={ckpt}", "--group_size=32"], "--group_size=32 applies only to --version=2"),
+        ([str(out), "--version=2", f"--checkpoint={ckpt}", "--group_size=0"], "--group_size must be positive"),
     ]
     for argv, fragment in cases:
         with pytest.raises(UserError, match=re.escape(fragment)):
