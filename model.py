@@ -103,6 +103,36 @@ def _head_chunk_rows(vocab_size):
     return max(1, (1 << 22) // vocab_size)
 
 
+def _chunked_cross_entropy(h, weight, targets, token_weights, need_h, need_w):
+    """(sum_i w_i * cross_entropy(h_i @ W.T, t_i), d/dh, d/dW), chunk by chunk of rows; the
+    gradients only when asked (None otherwise)."""
+    dt = _compute_dtype(h)
+    grad_h = torch.empty(h.shape, dtype=dt, device=h.device) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=dt, device=h.device) if need_w else None
+    loss = torch.zeros((), dtype=dt, device=h.device)
+    w_mat = weight.to(dt)
+    rows = _head_chunk_rows(weight.shape[0])
+    for s in range(0, h.shape[0], rows):
+        hc, tc, wc = h[s:s + rows].to(dt), targets[s:s + rows], token_weights[s:s + rows]
+        e = hc @ w_mat.t()
+        target_logit = e.gather(1, tc[:, None]).squeeze(1)
+        m = e.amax(dim=1)
+        e.sub_(m[:, None]).exp_()  # e = exp(logits - max): the unnormalised softmax
+        z = e.sum(dim=1)
+        loss += ((m + z.log() - target_logit) * wc).sum()
+        if need_h or need_w:
+            # d loss / d logits = w * (softmax - onehot); the row scale w / z is applied to
+            # the (rows, dim) side of each product instead of the (rows, vocab) side
+            r = (wc / z)[:, None]
+            if need_h:
+                gh = torch.mm(e, w_mat).mul_(r)
+                grad_h[s:s + rows] = gh.sub_(w_mat[tc] * wc[:, None])
+            if need_w:
+                grad_w.addmm_(e.t(), hc * r)
+                grad_w.index_add_(0, tc, hc * wc[:, None], alpha=-1)
+    return loss, grad_h, grad_w
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """sum_i w_i * cross_entropy(h_i @ W.T, t_i) without materialising the (N, vocab) logits.
 
@@ -115,31 +145,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, token_weights):
-        dt = _compute_dtype(h)
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty(h.shape, dtype=dt, device=h.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=dt, device=h.device) if need_w else None
-        loss = torch.zeros((), dtype=dt, device=h.device)
-        w_mat = weight.to(dt)
-        rows = _head_chunk_rows(weight.shape[0])
-        for s in range(0, h.shape[0], rows):
-            hc, tc, wc = h[s:s + rows].to(dt), targets[s:s + rows], token_weights[s:s + rows]
-            e = hc @ w_mat.t()
-            target_logit = e.gather(1, tc[:, None]).squeeze(1)
-            m = e.amax(dim=1)
-            e.sub_(m[:, None]).exp_()  # e = exp(logits - max): the unnormalised softmax
-            z = e.sum(dim=1)
-            loss += ((m + z.log() - target_logit) * wc).sum()
-            if need_h or need_w:
-                # d loss / d logits = w * (softmax - onehot); the row scale w / z is applied to
-                # the (rows, dim) side of each product instead of the (rows, vocab) side
-                r = (wc / z)[:, None]
-                if need_h:
-                    gh = torch.mm(e, w_mat).mul_(r)
-                    grad_h[s:s + rows] = gh.sub_(w_mat[tc] * wc[:, None])
-                if need_w:
-                    grad_w.addmm_(e.t(), hc * r)
-                    grad_w.index_add_(0, tc, hc * wc[:, None], alpha=-1)
+        loss, grad_h, grad_w = _chunked_cross_entropy(h, weight, targets, token_weights, *ctx.needs_input_grad[:2])
         ctx.save_for_backward(grad_h, grad_w)
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
         return loss.to(h.dtype)
@@ -162,8 +168,11 @@ def linear_cross_entropy(h, weight, targets, loss_weights=None):
     if loss_weights is None:
         valid = targets != -1
         loss_weights = valid.to(_compute_dtype(h)) / valid.sum()
-    targets = targets.clamp_min(0)
-    return _LinearCrossEntropy.apply(h, weight, targets, loss_weights.to(_compute_dtype(h)))
+    targets, loss_weights = targets.clamp_min(0), loss_weights.to(_compute_dtype(h))
+    if not torch.is_grad_enabled():
+        # evaluation: a Function would still see needs_input_grad and compute the gradients
+        return _chunked_cross_entropy(h, weight, targets, loss_weights, False, False)[0].to(h.dtype)
+    return _LinearCrossEntropy.apply(h, weight, targets, loss_weights)
 
 
 class KVCache:
@@ -415,9 +424,8 @@ class Transformer(nn.Module):
             valid = torch.ones(B, total, dtype=torch.bool, device=idx.device)
             valid[:, :T] = prompt_mask
         dtype = next(self.parameters()).dtype
-        cache = KVCache(self.params, B, total, idx.device, dtype) if use_cache and total <= L else None
-        if use_cache and T < L < total:
-            cache = KVCache(self.params, B, L, idx.device, dtype)  # used until the window starts to slide
+        # the cache serves until the window starts to slide (a prompt of L tokens or more: never)
+        cache = KVCache(self.params, B, min(total, L), idx.device, dtype) if use_cache and T < L else None
         out = idx
         for step in range(max_new_tokens):
             n = out.shape[1]
