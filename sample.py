@@ -13,19 +13,9 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
-from errors import UserError, cli_main
-
-
-def tokenizer_for_checkpoint(ckpt, tokenizer_model=None, data_cache_dir=None):
-    """The tokenizer a checkpoint was trained with (or an explicit model file)."""
-    from tokenizer import Tokenizer, tokenizer_model_path
-    cfg = ckpt.get("config", {})
-    if tokenizer_model:
-        return Tokenizer(tokenizer_model)
-    vocab = 0 if cfg.get("vocab_source") == "llama2" else cfg.get("vocab_size", ckpt["model_args"]["vocab_size"])
-    cache = data_cache_dir or cfg.get("data_cache_dir", "data")
-    return Tokenizer(tokenizer_model_path(cache, vocab, cfg.get("tokenizer_model") or None))
+from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
+from tinylab.errors import UserError, cli_main
+from tinylab.tokenizer import tokenizer_for_checkpoint
 
 
 def main(argv=None):

@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import grow  # noqa: E402
-from checkpoint import model_args_dict, save_checkpoint  # noqa: E402
 from model import ModelArgs, Transformer  # noqa: E402
-from optim import build_optimizer, optimizer_param_names  # noqa: E402
+from tinylab import growth as grow  # noqa: E402
+from tinylab.checkpoint import model_args_dict, save_checkpoint  # noqa: E402
+from tinylab.optim import build_optimizer, optimizer_param_names  # noqa: E402
 
 
 def training_state(model):

@@ -25,9 +25,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import tinystories  # noqa: E402
-from dataset_spec import make_text, parse_spec, shard_rng  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
+from tinylab import tinystories_data as tinystories  # noqa: E402
+from tinylab.dataset_spec import make_text, parse_spec, shard_rng  # noqa: E402
+from tinylab.tokenizer import Tokenizer  # noqa: E402
 
 _RAW = {}
 

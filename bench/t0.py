@@ -27,12 +27,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-import optim  # noqa: E402
-from adafactor import apply_optimizer_preset  # noqa: E402
-from model import ModelArgs, Transformer  # noqa: E402
 from optimizers import state_bytes, sync, time_steps  # noqa: E402  (bench/optimizers.py)
-from t0_data import ExampleEncoder, PackedStream, T0Batches, load_mixture, read_records, tokenize_rows  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
+
+from model import ModelArgs, Transformer  # noqa: E402
+from tinylab import optim  # noqa: E402
+from tinylab.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.t0_data import (  # noqa: E402
+    ExampleEncoder,
+    PackedStream,
+    T0Batches,
+    load_mixture,
+    read_records,
+    tokenize_rows,
+)
+from tinylab.tokenizer import Tokenizer  # noqa: E402
 
 
 def load_examples(args, row_len):
@@ -43,7 +51,7 @@ def load_examples(args, row_len):
     if args.mixture:
         sources, _ = load_mixture(args.mixture)
     else:
-        from t0_demo import write_demo_data
+        from tinylab.t0_demo import write_demo_data
         folder = tempfile.mkdtemp(prefix="bench_t0_")
         write_demo_data(folder, n_train=400, n_valid=10)
         sources, _ = load_mixture(os.path.join(folder, "mixture.json"))

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402  (the config defaults)
-from configurator import parse_config  # noqa: E402
-from trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
+from tinylab.config import parse_config  # noqa: E402
+from tinylab.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
 
 
 class RandomBatches:
@@ -63,7 +63,7 @@ def bench_ours(cfg, iters, warmup):
         import io
         with contextlib.redirect_stdout(io.StringIO()):
             trainer.fit()
-        from metrics import read_metrics
+        from tinylab.metrics import read_metrics
         rows = [r for r in read_metrics(os.path.join(out, "metrics.jsonl")) if r["kind"] == "train"]
     ms = statistics.median(r["ms_per_iter"] for r in rows[warmup:])
     mfu = [r["mfu"] for r in rows[warmup:] if "mfu" in r]

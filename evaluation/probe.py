@@ -19,109 +19,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from dataset_spec import FEATURES, STORY_FEATURES, feature_labels, header_end, header_fields  # noqa: E402
-from errors import UserError, cli_main  # noqa: E402
-from evaluation.common import (model_parser, cache_dir_of, check_positive, emit, layout_vocab,  # noqa: E402
-                               load_for_args, progress, right_pad)
-
-# probe label j is STORY_FEATURES[j]; outputs name it as the raw feature (Twist, BadEnding, ...)
-LABEL_NAMES = [next(f for f in FEATURES if f.lower() == s) for s in STORY_FEATURES]
-
-
-def story_examples(data_dir, split, n, seed, tokenizer, max_len):
-    """Up to n (story-only ids: BOS + story tokens, at most max_len; 6 labels) from the examples of
-    `split`, visiting shards in order and each shard's examples in a seeded random order."""
-    from pretok_data import shard_paths
-    bos = tokenizer.bos_id
-    out = []
-    for s, path in enumerate(shard_paths(data_dir, split)):
-        tokens = np.memmap(path, dtype=np.uint16, mode="r")
-        starts = np.flatnonzero(tokens == bos)
-        ends = np.append(starts[1:], len(tokens))
-        for i in np.random.default_rng([seed, s]).permutation(len(starts)):
-            ids = tokens[starts[i]:ends[i]].tolist()
-            try:
-                h = header_end(ids, tokenizer)
-            except ValueError:  # no 'Story:' line: not an example of the template
-                continue
-            story = ids[h:]
-            if not story:
-                continue
-            labels = feature_labels(header_fields(tokenizer.decode(ids[1:h])).get("Features", ""))
-            out.append((([bos] + story)[:max_len], labels))
-            if len(out) >= n:
-                return out
-    return out
-
-
-@torch.no_grad()
-def pooled_states(model, sequences, pool=10, batch_size=16):
-    """(N, n_layers, dim) float32: per block, the mean output over each sequence's last `pool`
-    real positions. Right padding leaves the real positions untouched (causal attention)."""
-    device = next(model.parameters()).device
-    feats = []
-    bar = progress(total=len(sequences), desc="hidden states", unit="story")
-    for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start:start + batch_size]
-        hs = torch.stack(model.hidden_states(right_pad(chunk).to(device)), dim=1).float().cpu()  # (B, L, T, dim)
-        for i, s in enumerate(chunk):
-            feats.append(hs[i, :, max(0, len(s) - pool):len(s)].mean(dim=1))
-        bar.update(len(chunk))
-    bar.close()
-    return torch.stack(feats)
-
-
-def train_probes(train_x, train_y, iters=2000, lr=1e-3, batch_size=128, seed=0):
-    """One bias-free linear head per layer, trained jointly (the summed BCE of independent heads
-    gives each head its own gradient). train_x (N, L, dim), train_y (N, 6). Returns (L, dim, 6)."""
-    n, n_layers, dim = train_x.shape
-    gen = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n_layers, dim, train_y.shape[1], generator=gen) * dim ** -0.5).requires_grad_()
-    opt = torch.optim.Adam([w], lr=lr)
-    y = train_y.float()
-    for _ in progress(range(iters), desc="probes", unit="it"):
-        idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-        logits = torch.einsum("bld,ldk->blk", train_x[idx], w)
-        loss = F.binary_cross_entropy_with_logits(logits, y[idx, None, :].expand_as(logits), reduction="none")
-        loss.mean(dim=(0, 2)).sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return w.detach()
-
-
-def probe_accuracy(w, x, y):
-    """(L, 6) accuracy of each layer's head on each label."""
-    pred = torch.einsum("bld,ldk->blk", x, w) > 0
-    return (pred == y[:, None, :].bool()).float().mean(dim=0)
-
-
-def run_probes(model, tokenizer, data_dir, num_train=2000, num_test=500, iters=2000, lr=1e-3,
-               batch_size=128, pool=10, seed=0):
-    """Extract, train and measure; returns dict(acc (L, 6), baseline (6,), n_train, n_test)."""
-    max_len = model.params.max_seq_len
-    train = story_examples(data_dir, "train", num_train, seed, tokenizer, max_len)
-    test = story_examples(data_dir, "test", num_test, seed, tokenizer, max_len)
-    if len(train) < 2 or len(test) < 1:
-        raise UserError(f"{data_dir} has too few stories for probes ({len(train)} train, {len(test)} test)")
-    tx, ty = pooled_states(model, [s for s, _ in train], pool), torch.tensor([l for _, l in train])
-    vx, vy = pooled_states(model, [s for s, _ in test], pool), torch.tensor([l for _, l in test])
-    w = train_probes(tx, ty, iters, lr, batch_size, seed)
-    rate = vy.float().mean(dim=0)
-    return {"acc": probe_accuracy(w, vx, vy), "baseline": torch.maximum(rate, 1 - rate),
-            "n_train": len(train), "n_test": len(test)}
-
-
-def layers_json(acc):
-    return {"layers": [{"layer": i, "feature": LABEL_NAMES[j], "acc": round(float(acc[i, j]), 6)}
-                       for i in range(acc.shape[0]) for j in range(acc.shape[1])]}
+from tinylab.errors import cli_main  # noqa: E402
+from tinylab.eval_common import (
+    cache_dir_of,
+    check_positive,
+    emit,
+    layout_vocab,
+    load_for_args,
+    model_parser,
+)
+from tinylab.probes import LABEL_NAMES, layers_json, run_probes
 
 
 def main(argv=None):
-    from pretok_data import check_dataset, dataset_dir
+    from tinylab.pretokenized import check_dataset, dataset_dir
     p = model_parser(__doc__)
     p.add_argument("--dataset", required=True, help="pretokenized dataset with honest Features lines (e.g. pretrain-all)")
     p.add_argument("--num_train", type=int, default=2000, help="train-split stories for fitting the probes")

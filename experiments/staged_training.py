@@ -10,7 +10,7 @@ the same shape over 10x as many iterations (as in the paper, growth comes early 
 model's own schedule, so its LR is still near the peak):
   (a) target    the target model from scratch: dim 128, 4 layers, 4 heads, FFN 384;
   (b) width     dim 64 (2 heads, FFN 192) trained until the slope rule's pre-growth point
-                (grow.growth_point, threshold -0.0475), grown with `grow.py --doubling weights`
+                (growth.growth_point, threshold -0.0475), grown with `grow.py --doubling weights`
                 (mode target: schedule position S_pre / 1.776, LR re-warmup), continued by train.py;
   (c) depth     2 layers at dim 128, the same with `--doubling layers` (threshold -0.0575, c 1.412).
 The small runs go in chunks of one evaluation interval (train.py resume_train, bit-exact), so the
@@ -33,11 +33,13 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
-import grow  # noqa: E402
+import grow as grow_cli  # noqa: E402  (the commands, run in-process)
 import train  # noqa: E402
-from errors import ArgParser, cli_main  # noqa: E402
-from metrics import read_metrics  # noqa: E402
 from model import ModelArgs  # noqa: E402
+from tinylab import growth  # noqa: E402
+from tinylab.config import ArgParser  # noqa: E402
+from tinylab.errors import cli_main  # noqa: E402
+from tinylab.metrics import read_metrics  # noqa: E402
 
 VOCAB = 512
 TARGET = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=384)
@@ -72,7 +74,7 @@ def prepare_data(cache):
 def flops_per_iter(shape, cfg):
     args = ModelArgs(vocab_size=VOCAB, multiple_of=cfg["multiple_of"], max_seq_len=cfg["max_seq_len"], **shape)
     tokens = cfg["batch_size"] * cfg["gradient_accumulation_steps"] * cfg["max_seq_len"]
-    return grow.meta_model(args).flops_per_token(cfg["max_seq_len"]) * tokens
+    return growth.meta_model(args).flops_per_token(cfg["max_seq_len"]) * tokens
 
 
 def curve(segments, cfg):
@@ -135,7 +137,7 @@ def staged_run(name, a, cfg):
     tag = f"{name}_at{a.grow_at}" if a.grow_at else name
     small_dir, grown_dir = (fresh(os.path.join(a.out_dir, f"{tag}_{s}")) for s in ("small", "grown"))
     doubling = DOUBLING[name]
-    threshold = grow.SLOPE_THRESHOLDS[doubling]
+    threshold = growth.SLOPE_THRESHOLDS[doubling]
     # the small model's own, long schedule (the paper grows early in it): its LR is still near the
     # peak at growth, and the grown run re-warms to the target schedule's LR at S_target
     small = dict(cfg, **SMALL[name], lr_decay_iters=SMALL_DECAY * a.max_iters)
@@ -147,8 +149,8 @@ def staged_run(name, a, cfg):
             continue
         pts = curve([(small_dir, 0, SMALL[name])], cfg)[1:]  # iteration 0 has no compute
         compute, losses = [p[1] for p in pts], [p[2] for p in pts]
-        slopes = grow.loss_slopes(compute, losses)
-        idx = grow.growth_point(compute, losses, threshold)
+        slopes = growth.loss_slopes(compute, losses)
+        idx = growth.growth_point(compute, losses, threshold)
         if idx is not None:
             s_pre = pts[idx][0]
             break
@@ -157,7 +159,7 @@ def staged_run(name, a, cfg):
         print(f"{name}: the smoothed slope never rose above {threshold} (second half: {min(late):.3f} .. {max(late):.3f}); "
               f"growing at the end of the small model's budget, iteration {it}")
     g = it  # the checkpoint of the chunk that detected the point (S_pre rounded up to an evaluation)
-    grow.main([f"--doubling={doubling}", f"--resume={small_dir}", f"--out_dir={grown_dir}",
+    grow_cli.main([f"--doubling={doubling}", f"--resume={small_dir}", f"--out_dir={grown_dir}",
                f"--rewarmup_iters={a.rewarmup_iters}", f"--seed={a.seed}"])
     train_run(dict(cfg, **TARGET), out_dir=grown_dir, init_from="resume_train")
     return {"s_pre": s_pre, "grown_at": g, "threshold": threshold, "rule": "manual" if a.grow_at else "slope",

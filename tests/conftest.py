@@ -6,7 +6,10 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared")
+# reference files that ship in the repository (tokenizers/README.md, tests/fixtures/README.md)
+TOK8192 = os.path.join(REPO, "tokenizers", "tok8192.model")
+LLAMA2_TOKENIZER = os.path.join(REPO, "tokenizers", "tokenizer.model")
+WIKITEXT = os.path.join(REPO, "tests", "fixtures", "wikitext2_test_excerpt.txt")
 PYTHON = sys.executable
 
 if REPO not in sys.path:
@@ -57,19 +60,12 @@ def assert_one_line_error(proc, *fragments):
         assert frag in lines[0], (frag, lines[0])
 
 
-@pytest.fixture
-def shared_dir():
-    if not os.path.isdir(SHARED):
-        pytest.fail(f"../shared not found at {SHARED}")
-    return SHARED
-
-
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     """A small data cache shared by the whole test session (treat it as read-only):
 
         cache_dir/TinyStories_all_data/data00..02.json   `synthesize`, 3 shards x 300 stories, seed 0
-        cache_dir/tok8192.model                          the released study tokenizer (../shared)
+        cache_dir/tok8192.model                          the released study tokenizer (tokenizers/)
         cache_dir/tok8192/pretrain-all/                  `pretokenize`, no transforms, seed 0
 
     Returns a SimpleNamespace: cache_dir, raw_dir, vocab_size (8192), tokenizer_model,
@@ -79,14 +75,14 @@ def tiny_corpus(tmp_path_factory):
     import shutil
     from types import SimpleNamespace
 
-    import tinystories
-    from dataset_spec import parse_spec
+    from tinylab import tinystories_data as tinystories
+    from tinylab.dataset_spec import parse_spec
 
     cache = str(tmp_path_factory.mktemp("tiny_corpus"))
     num_shards, per_shard = 3, 300
     raw = tinystories.synthesize(cache, num_shards=num_shards, stories_per_shard=per_shard, seed=0)
     tok = os.path.join(cache, "tok8192.model")
-    shutil.copy(os.path.join(SHARED, "tokenizers", "tok8192.model"), tok)
+    shutil.copy(TOK8192, tok)
     manifest = tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
     return SimpleNamespace(cache_dir=cache, raw_dir=raw, vocab_size=8192, tokenizer_model=tok,
                            dataset_name="pretrain-all", dataset_dir=os.path.join(cache, "tok8192", "pretrain-all"),

@@ -5,19 +5,17 @@ import shutil
 from types import SimpleNamespace
 
 import torch
+from conftest import TOK8192, WIKITEXT  # noqa: F401  (re-exported for the evaluation tests)
 
-import checkpoint as ckpt_lib
-from conftest import SHARED
 from model import ModelArgs, Transformer
+from tinylab import checkpoint as ckpt_lib
 
-TOK8192 = os.path.join(SHARED, "tokenizers", "tok8192.model")
-WIKITEXT = os.path.join(SHARED, "data", "wikitext-2", "test.txt")
 
 
 def make_corpus(root, num_shards=3, stories_per_shard=300, seed=0):
     """root: raw shards, tok8192.model, and the datasets pretrain-all and filter-adv-Twist."""
-    import tinystories
-    from dataset_spec import parse_spec
+    from tinylab import tinystories_data as tinystories
+    from tinylab.dataset_spec import parse_spec
     tinystories.synthesize(root, num_shards=num_shards, stories_per_shard=stories_per_shard, seed=seed)
     shutil.copy(TOK8192, os.path.join(root, "tok8192.model"))
     tinystories.pretokenize(root, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)

@@ -4,17 +4,16 @@ import json
 import os
 
 import torch
+from conftest import TOK8192
 
-import checkpoint as ckpt_lib
-from conftest import SHARED
 from model import ModelArgs, Transformer
+from tinylab import checkpoint as ckpt_lib
 
-TOK8192 = os.path.join(SHARED, "tokenizers", "tok8192.model")
 
 
 def make_t0_setup(root):
     """root/demo/mixture.json (+ task files) and root/base/ckpt.pt; returns (mixture, base_dir)."""
-    from t0_demo import write_demo_data
+    from tinylab.t0_demo import write_demo_data
     demo, base = os.path.join(root, "demo"), os.path.join(root, "base")
     write_demo_data(demo, seed=0, n_train=40, n_valid=10)
     torch.manual_seed(0)

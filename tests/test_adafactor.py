@@ -6,13 +6,21 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers.optimization import Adafactor as HFAdafactor  # a test dependency: never skipped
+from transformers.optimization import (
+    Adafactor as HFAdafactor,  # a test dependency: never skipped
+)
 
-import optim
-from adafactor import (ADAFACTOR_CONFIG_DEFAULTS, ADAFACTOR_PRESETS, OPTIMIZER_PRESETS, Adafactor,
-                       adafactor_from_config, apply_optimizer_preset)
-from errors import UserError
 from model import ModelArgs, Transformer
+from tinylab import optim
+from tinylab.adafactor import Adafactor
+from tinylab.errors import UserError
+from tinylab.optim import (
+    ADAFACTOR_CONFIG_DEFAULTS,
+    ADAFACTOR_PRESETS,
+    OPTIMIZER_PRESETS,
+    adafactor_from_config,
+    apply_optimizer_preset,
+)
 
 SHAPES = [(7,), (5, 6), (2, 3, 4), (4, 5)]  # the last one is stored as a bf16 parameter
 DTYPES = [torch.float32, torch.float32, torch.float32, torch.bfloat16]

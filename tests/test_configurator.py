@@ -3,10 +3,11 @@ import glob
 import os
 
 import pytest
-
 from conftest import REPO, assert_one_line_error, run_cli
-from configurator import parse_config
-from errors import UserError
+
+from tinylab.config import parse_config
+from tinylab.errors import UserError
+from tinylab.schema import TRAIN_DEFAULTS
 
 DEFAULTS = dict(learning_rate=5e-4, batch_size=8, dataset_name="x", compile=False, eval_dataset_names=[], model_dir="",
                 n_kv_heads=6, wandb_tags=[])
@@ -56,7 +57,6 @@ def test_wrong_type_in_file(tmp_path):
 def test_original_study_config_spellings(tmp_path):
     """The original study's configs write lists as comma-separated strings and use
     generation_eval_batch_size; they load unchanged into train.py's config."""
-    import train
     f = tmp_path / "orig_aws.py"
     f.write_text('init_from = "resume_model"\n'
                  'eval_dataset_names = "specialise-Twist,filter-Twist, filter-adv-Twist"\n'
@@ -64,13 +64,13 @@ def test_original_study_config_spellings(tmp_path):
                  'eval_batch_size = 256\n'
                  'generation_eval_batch_size = 64\n'
                  'always_save_checkpoint = False\n')
-    cfg = parse_config(train.DEFAULTS, [str(f), "--wandb_tags=a,b", "--eval_dataset_names=filter-Twist"])
+    cfg = parse_config(TRAIN_DEFAULTS, [str(f), "--wandb_tags=a,b", "--eval_dataset_names=filter-Twist"])
     assert cfg["eval_dataset_names"] == ["filter-Twist"] and cfg["wandb_tags"] == ["a", "b"]
-    cfg = parse_config(train.DEFAULTS, [str(f)])
+    cfg = parse_config(TRAIN_DEFAULTS, [str(f)])
     assert cfg["eval_dataset_names"] == ["specialise-Twist", "filter-Twist", "filter-adv-Twist"]
     assert cfg["wandb_tags"] == ["exp2", "deletion"] and cfg["eval_batch_size"] == 256
     assert cfg["generation_batch_size"] == 64 and cfg["always_save_checkpoint"] is False
-    assert parse_config(train.DEFAULTS, ["--eval_dataset_names="])["eval_dataset_names"] == []
+    assert parse_config(TRAIN_DEFAULTS, ["--eval_dataset_names="])["eval_dataset_names"] == []
 
 
 def test_unknown_key_in_file(tmp_path):
@@ -87,10 +87,9 @@ def test_cli_errors_are_one_line():
 
 
 def test_help_lists_every_key():
-    import train
     proc = run_cli(["train.py", "--help"])
     assert proc.returncode == 0
-    for key in train.DEFAULTS:
+    for key in TRAIN_DEFAULTS:
         assert f"--{key}" in proc.stdout
 
 

@@ -8,10 +8,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-import tinystories
 from conftest import assert_one_line_error, run_cli
-from errors import UserError
+
+from tinylab import tinystories_data as tinystories
+from tinylab.errors import UserError
 
 SHARDS = {"data00.json": [{"story": "A cat sat.", "summary": "cat", "source": "GPT-4",
                            "instruction": {"prompt:": "p", "words": ["sit", "cat", "big"], "features": []}}],

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from errors import UserError
-from pretok_data import BatchLoader, check_dataset, dataset_dir, shard_paths
+from tinylab.errors import UserError
+from tinylab.pretokenized import BatchLoader, check_dataset, dataset_dir, shard_paths
 
 L = 8
 

@@ -6,15 +6,14 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import LLAMA2_TOKENIZER, TOK8192, assert_one_line_error, run_cli
 
-import tinystories
-from conftest import SHARED, assert_one_line_error, run_cli
-from dataset_spec import parse_spec
-from errors import UserError
-from tokenizer import Tokenizer
+from tinylab import tinystories_data as tinystories
+from tinylab.dataset_spec import parse_spec
+from tinylab.errors import UserError
+from tinylab.tokenizer import Tokenizer
 
-TOK8192 = os.path.join(SHARED, "tokenizers", "tok8192.model")
-LLAMA2 = os.path.join(SHARED, "tokenizers", "llama2.model")
+LLAMA2 = LLAMA2_TOKENIZER
 
 RECORDS = [
     {"story": "\nTom saw a big dog. \"Hi!\" said Tom.\n", "summary": "Tom meets a dog.", "source": "GPT-4",

@@ -4,12 +4,24 @@ import os
 import random
 
 import pytest
+from conftest import TOK8192
 
-from conftest import SHARED
-from dataset_spec import (REFUSAL_STORY, check_dataset_name, dataset_dir, extract_story,
-                          feature_labels, header_end, header_fields, infer_pretokenize_flags,
-                          make_text, parse_spec, pick_sentence, spec_string, story_end)
-from errors import UserError
+from tinylab.dataset_spec import (
+    REFUSAL_STORY,
+    check_dataset_name,
+    dataset_dir,
+    extract_story,
+    feature_labels,
+    header_end,
+    header_fields,
+    infer_pretokenize_flags,
+    make_text,
+    parse_spec,
+    pick_sentence,
+    spec_string,
+    story_end,
+)
+from tinylab.errors import UserError
 
 
 class ScriptedRng:
@@ -261,8 +273,8 @@ def test_infer_flags_family_and_legacy():
 
 @pytest.fixture(scope="module")
 def tok8192():
-    from tokenizer import Tokenizer
-    return Tokenizer(os.path.join(SHARED, "tokenizers", "tok8192.model"))
+    from tinylab.tokenizer import Tokenizer
+    return Tokenizer(TOK8192)
 
 
 def test_header_end_is_prefix_of_training_encoding(tok8192):

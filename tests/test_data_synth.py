@@ -8,13 +8,13 @@ import zlib
 
 import numpy as np
 import pytest
+from conftest import PYTHON, REPO, TOK8192, assert_one_line_error, run_cli
 
-import tinystories
-from conftest import PYTHON, REPO, SHARED, assert_one_line_error, run_cli
-from dataset_spec import FEATURES, REFUSAL_STORY, header_fields
-from errors import UserError
-from synth_stories import FEATURE_PROBS, generate_shard
-from tokenizer import Tokenizer
+from tinylab import tinystories_data as tinystories
+from tinylab.dataset_spec import FEATURES, REFUSAL_STORY, header_fields
+from tinylab.errors import UserError
+from tinylab.synth_stories import FEATURE_PROBS, generate_shard
+from tinylab.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_train_vocab_small_and_non_interactive(tiny_corpus, tmp_path):
     # the trainer options are those of the released tok8192 (spec section 8)
     from sentencepiece import sentencepiece_model_pb2 as pb
     protos = []
-    for path in (os.path.join(cache, "tok512.model"), os.path.join(SHARED, "tokenizers", "tok8192.model")):
+    for path in (os.path.join(cache, "tok512.model"), TOK8192):
         protos.append(pb.ModelProto())
         protos[-1].ParseFromString(open(path, "rb").read())
     ours, released = protos

@@ -4,9 +4,9 @@ import json
 import os
 
 import pytest
-
 from conftest import run_cli
-from errors import UserError
+
+from tinylab.errors import UserError
 
 QUICK = ["--num_shards=3", "--stories_per_shard=200", "--vocab_size=512", "--dim=32", "--n_layers=2",
          "--max_seq_len=128", "--batch_size=4", "--pretrain_iters=6", "--delete_iters=4", "--recover_iters=4",

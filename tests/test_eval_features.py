@@ -11,14 +11,21 @@ import threading
 import time
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
-from dataset_spec import FEATURES
 from eval_setup import make_corpus, save_tiny_checkpoint
-from errors import UserError
-from evaluation.eval_features import (ClassifierJudge, FeatureScore, LLMJudge, asks_for, parse_answer, wilson_ci,
-                                      word_salad)
+
 from evaluation.eval_features import main as eval_features_main
+from tinylab.dataset_spec import FEATURES
+from tinylab.errors import UserError
+from tinylab.feature_judge import (
+    ClassifierJudge,
+    FeatureScore,
+    LLMJudge,
+    asks_for,
+    parse_answer,
+    wilson_ci,
+    word_salad,
+)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +167,7 @@ def test_llm_judge_protocol(stub, tmp_path, monkeypatch):
 
 
 def test_llm_judge_shows_progress(stub, monkeypatch):
-    import evaluation.eval_features as EF
+    import tinylab.feature_judge as EF
     bars = []
 
     def recording_progress(iterable, **kwargs):
@@ -209,7 +216,7 @@ def test_corrupt_judge_caches_are_one_line_errors(corpus, ckpt, tmp_path):
 def test_inputs_are_checked_before_the_judge_and_generation(corpus, ckpt, monkeypatch):
     """A bad --prompts_from must not cost a classifier training (nor cache one), and a dead
     --judge_url must fail before the stories are generated, not after."""
-    import evaluation.eval_features as EF
+    import tinylab.feature_judge as EF
 
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work before the inputs were checked")
@@ -331,10 +338,10 @@ def test_in_training_feature_score(corpus, tmp_path):
         assert ev["gen_feature_judge"] == judge.description and "classifier:bow-logreg" in ev["gen_feature_judge"]
         assert ev["gen_feature_judge_accuracy"] == pytest.approx(judge.accuracy)
     # plot.py draws the numeric ones and does not offer the judge's name as a curve
-    import plot
-    plot.main([out, "--metrics=gen_feature_score,gen_feature_judge_accuracy", f"--out={tmp_path}/curves.png"])
+    import plot as plot_cli
+    plot_cli.main([out, "--metrics=gen_feature_score,gen_feature_judge_accuracy", f"--out={tmp_path}/curves.png"])
     assert os.path.getsize(tmp_path / "curves.png") > 0
     with pytest.raises(UserError, match="no input has the metric 'gen_feature_judge'"):
-        plot.main([out, "--metrics=gen_feature_judge", f"--out={tmp_path}/x.png"])
+        plot_cli.main([out, "--metrics=gen_feature_judge", f"--out={tmp_path}/x.png"])
     bad = dict(args, feature_eval="twist", out_dir=str(tmp_path / "bad"))
     assert_one_line_error(run_cli(["train.py"] + [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")

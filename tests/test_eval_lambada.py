@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import assert_one_line_error, run_cli
 from eval_setup import TOK8192, save_tiny_checkpoint, tiny_model
-from evaluation.eval_lambada import lambada_items, score_items, summarize
-from tokenizer import Tokenizer
+from torch import nn
+
+from tinylab.lambada import lambada_items, score_items, summarize
+from tinylab.tokenizer import Tokenizer
 
 # (passage, which continuation tokens the lookup model gets wrong: none / the first / the last)
 PASSAGES = [

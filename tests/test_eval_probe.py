@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-
 from conftest import assert_one_line_error, run_cli
-from dataset_spec import FEATURES, STORY_FEATURES
 from eval_setup import make_corpus, save_tiny_checkpoint, tiny_model
-from evaluation.probe import pooled_states, probe_accuracy, story_examples, train_probes
-from tokenizer import Tokenizer
+
+from tinylab.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.probes import pooled_states, probe_accuracy, story_examples, train_probes
+from tinylab.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_one_line_error, run_cli
 from eval_setup import TOK8192, WIKITEXT, save_tiny_checkpoint, tiny_model
-from evaluation.eval_wikitext import sliding_window_nll, token_stream, window_spans
-from tokenizer import Tokenizer
+
+from tinylab.perplexity import sliding_window_nll, token_stream, window_spans
+from tinylab.tokenizer import Tokenizer
 
 W = 32  # window (the model's max_seq_len)
 
@@ -148,8 +148,8 @@ def test_cli_unreachable_hub_fails_at_once(tmp_path):
 
 def test_hf_llama_folder_gives_the_same_numbers(tmp_path):
     """An HF Llama folder (with its tokenizer.model) is imported in memory: same perplexity."""
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    from export import export_hf
+    from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
+    from tinylab.interop import export_hf
     ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
     export_hf(model_from_checkpoint(load_checkpoint(ckpt)), str(tmp_path / "hf"), tokenizer=TOK8192, log=lambda *a: None)
     data = tmp_path / "wiki.txt"

@@ -13,13 +13,13 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import TOK8192, assert_one_line_error, run_cli
 
-from conftest import SHARED, assert_one_line_error, run_cli
-from checkpoint import load_checkpoint, model_args_dict, save_checkpoint
-from errors import UserError
+import export as export_cli
 from model import ModelArgs, Transformer
-
-import export
+from tinylab import interop as export
+from tinylab.checkpoint import load_checkpoint, model_args_dict, save_checkpoint
+from tinylab.errors import UserError
 
 TOKENS = np.array([[1, 5, 9, 33, 2, 60, 17, 3, 41, 8, 0, 12], [7, 7, 63, 1, 22, 5, 30, 49, 11, 2, 6, 4]])
 
@@ -307,7 +307,7 @@ def test_import_bin_round_trip(tmp_path):
 
 def test_tokenizer_bin_round_trip(tmp_path):
     import sentencepiece as spm
-    model_path = os.path.join(SHARED, "tokenizers", "tok8192.model")
+    model_path = TOK8192
     out = tmp_path / "tok.bin"
     run_cli(["export.py", "--tokenizer", model_path, str(out)], check=True)
     data = out.read_bytes()
@@ -325,7 +325,7 @@ def test_tokenizer_bin_round_trip(tmp_path):
     assert "<0x0A>" in [sp.id_to_piece(i) for i in range(20)]  # byte-fallback pieces are written literally
     # default output path: beside the model, .model -> .bin
     (tmp_path / "copy.model").write_bytes(open(model_path, "rb").read())
-    export.main([f"--tokenizer={tmp_path / 'copy.model'}"])
+    export_cli.main([f"--tokenizer={tmp_path / 'copy.model'}"])
     assert (tmp_path / "copy.bin").read_bytes() == data
 
 
@@ -404,9 +404,9 @@ def test_hf_export_without_permutation_differs(tmp_path):
 
 
 def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     import sentencepiece as spm
-    tok = os.path.join(SHARED, "tokenizers", "tok8192.model")
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    tok = TOK8192
     # CLI export with tokenizer: the folder is complete for AutoTokenizer
     model = tiny_model(2, False)
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
@@ -427,7 +427,7 @@ def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
             p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.1) + (1.0 if "norm" in name else 0.0))
     native.save_pretrained(str(tmp_path / "native"))
     run_cli(["export.py", str(tmp_path / "imported.pt"), f"--import_hf={tmp_path / 'native'}"], check=True)
-    from checkpoint import model_from_checkpoint
+    from tinylab.checkpoint import model_from_checkpoint
     ck = load_checkpoint(str(tmp_path / "imported.pt"))
     ours = model_from_checkpoint(ck).eval()
     with torch.no_grad():
@@ -472,14 +472,14 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
         cases.append(([str(tmp_path / "imp"), f"--import_hf={odd}"], field.split("_")[0] if field != "rope_scaling" else "RoPE scaling"))
     for argv, fragment in cases:
         with pytest.raises(UserError, match=re.escape(fragment)):
-            export.main(argv)
+            export_cli.main(argv)
     # a truncated llama2.c file is refused, not misread
     good = tmp_path / "good.bin"
     export.export_bin(model, str(good), 1, log=lambda *a: None)
     bad = tmp_path / "bad.bin"
     bad.write_bytes(good.read_bytes()[:-4])
     with pytest.raises(UserError, match="bytes, but its v1 header describes"):
-        export.main([str(tmp_path / "imp"), f"--import_bin={bad}"])
+        export_cli.main([str(tmp_path / "imp"), f"--import_bin={bad}"])
     assert not out.exists() and not (tmp_path / "imp").exists() and not (tmp_path / "hf").exists()
     assert not (tmp_path / "t.bin").exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
@@ -542,7 +542,7 @@ def test_hf_import_refuses_damaged_safetensors(tmp_path):
             assert proc.returncode == 2
         else:
             with pytest.raises(UserError) as e:
-                export.main([str(out), f"--import_hf={hf}"])
+                export_cli.main([str(out), f"--import_hf={hf}"])
             assert str(hf / "model.safetensors") in str(e.value) and "\n" not in str(e.value), case
             for fragment in fragments:
                 assert fragment in str(e.value), (case, str(e.value))
@@ -579,7 +579,7 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     assert all(torch.equal(export.read_hf(str(sharded))[1][k], v) for k, v in model.state_dict().items())
     (sharded / "model.safetensors.index.json").write_text("{")
     with pytest.raises(UserError, match="model.safetensors.index.json is not a readable shard index"):
-        export.main([str(tmp_path / "imp_index.pt"), f"--import_hf={sharded}"])
+        export_cli.main([str(tmp_path / "imp_index.pt"), f"--import_hf={sharded}"])
 
     # pytorch_model.bin: a good one imports, a corrupt one is a one-line error (was: torch.load traceback)
     binned = tmp_path / "binned"
@@ -595,7 +595,7 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
                        ("list", lambda: torch.save([torch.zeros(2)], str(weights)))):
         make()
         with pytest.raises(UserError, match=re.escape(str(weights))):
-            export.main([str(tmp_path / f"imp_{case}.pt"), f"--import_hf={binned}"])
+            export_cli.main([str(tmp_path / f"imp_{case}.pt"), f"--import_hf={binned}"])
     assert [p for p in os.listdir(tmp_path) if p.startswith("imp")] == []
 
 
@@ -608,7 +608,7 @@ def test_version_is_checked_in_every_mode(tmp_path):
     export.export_hf(model, str(hf), log=lambda *a: None)
     good_bin = tmp_path / "good.bin"
     export.export_bin(model, str(good_bin), 1, log=lambda *a: None)
-    tok = os.path.join(SHARED, "tokenizers", "tok8192.model")
+    tok = TOK8192
     out = tmp_path / "out"
     # the old code imported / wrote the tokenizer with rc 0 here
     assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--import_hf={hf}"]), "unknown version 3")
@@ -626,10 +626,10 @@ def test_version_is_checked_in_every_mode(tmp_path):
     ]
     for argv, fragment in cases:
         with pytest.raises(UserError, match=re.escape(fragment)):
-            export.main(argv)
+            export_cli.main(argv)
     assert not out.exists()
     # without --version a checkpoint export is still v0 (no "ak42" magic, vocab in the 28-byte header)
-    export.main([str(tmp_path / "v0.bin"), f"--checkpoint={ckpt}"])
+    export_cli.main([str(tmp_path / "v0.bin"), f"--checkpoint={ckpt}"])
     assert np_read_bin(tmp_path / "v0.bin")[0]["version"] == 0
 
 

@@ -10,14 +10,22 @@ import os
 
 import pytest
 import torch
-
-import grow
-import train
-from checkpoint import load_checkpoint, load_weights, model_args_dict
 from conftest import assert_one_line_error, run_cli
-from errors import UserError
+
+import grow as grow_cli
+import train
 from model import ModelArgs, Transformer
-from optim import build_optimizer, clip_grad_norm, lr_at, optimizer_param_names, set_lr
+from tinylab import growth as grow
+from tinylab.checkpoint import load_checkpoint, load_weights, model_args_dict
+from tinylab.errors import UserError
+from tinylab.optim import (
+    build_optimizer,
+    clip_grad_norm,
+    lr_at,
+    optimizer_param_names,
+    set_lr,
+)
+from tinylab.schema import TRAIN_DEFAULTS
 
 VOCAB, T = 61, 16
 CFG = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-6, grad_clip=0.5,
@@ -414,9 +422,9 @@ def test_in_run_exact_growth_tracks_the_small_run(tiny_corpus, tmp_path):
 def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     small, wide, deep = (str(tmp_path / n) for n in ("small", "wide", "deep"))
     train.main(corpus_args(tiny_corpus, small, max_iters=8))
-    grow.main(["--doubling", "weights", "--resume", os.path.join(small, "ckpt.pt"), "--out_dir", wide,
+    grow_cli.main(["--doubling", "weights", "--resume", os.path.join(small, "ckpt.pt"), "--out_dir", wide,
                "--rewarmup_iters", "2", "--c_width", "2"])
-    grow.main(["--doubling=layers", f"--resume={small}", f"--out_dir={deep}", "--mode=target"])
+    grow_cli.main(["--doubling=layers", f"--resume={small}", f"--out_dir={deep}", "--mode=target"])
     ck = load_checkpoint(small)
     x = torch.randint(0, tiny_corpus.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     ref = loss(load(ck, cfg=ck["config"])[0], (x, x))[0]
@@ -429,7 +437,7 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     rows = train_losses(wide)
     assert sorted(rows) == list(range(8, 16))  # position 8 -> 4: the run lasts 4 more iterations
     lrs = {r["iter"]: r["lr"] for r in records(wide, "train")}
-    cfg = {**train.DEFAULTS, **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
+    cfg = {**TRAIN_DEFAULTS, **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
     # §6.3 with S_target = 4, R_w = 2: 0 at the first step after growth, then half of lr_target(6)
     assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
@@ -457,7 +465,7 @@ def test_bad_input(tmp_path, monkeypatch):
             path = str(tmp_path / "bad.pt")
             torch.save(ckpt_or_path, path)
         with pytest.raises(UserError, match=fragment):
-            grow.main([f"--resume={path}", f"--out_dir={out}", *(args or ("--doubling=weights",))])
+            grow_cli.main([f"--resume={path}", f"--out_dir={out}", *(args or ("--doubling=weights",))])
         assert not os.path.exists(out)
 
     fails(str(tmp_path / "missing.pt"), "not found")
@@ -480,10 +488,10 @@ def test_bad_input(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="limits"):
         grow.check_limits(grow.grown_args(wide, "weights"))
 
-    grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
+    grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
     with pytest.raises(UserError, match="already exists"):
-        grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
-    grow.main(["--doubling=layers", f"--resume={good}", f"--out_dir={out}", "--force"])
+        grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
+    grow_cli.main(["--doubling=layers", f"--resume={good}", f"--out_dir={out}", "--force"])
     assert load_checkpoint(out)["model_args"]["n_layers"] == 4
 
     # in-run schedule mistakes stop train.py before training
@@ -504,7 +512,7 @@ def grow_fails(tmp_path, ckpt, fragment, *args, out=None):
     torch.save(ckpt, path)
     out = out or str(tmp_path / "out")
     with pytest.raises(UserError, match=fragment):
-        grow.main([f"--resume={path}", f"--out_dir={out}", *(args or ("--doubling=weights",))])
+        grow_cli.main([f"--resume={path}", f"--out_dir={out}", *(args or ("--doubling=weights",))])
     assert not os.path.exists(os.path.join(out, "ckpt.pt"))
 
 
@@ -550,11 +558,11 @@ def test_required_keys_and_out_dir_checked_before_any_work(tmp_path):
     blocker.write_text("keep me")
     for out in (str(blocker), str(blocker / "sub")):
         with pytest.raises(UserError, match="not a folder"):
-            grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
+            grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
     assert blocker.read_text() == "keep me"
     (tmp_path / "dir_out" / "ckpt.pt").mkdir(parents=True)  # ckpt.pt itself a folder, even with --force
     with pytest.raises(UserError, match="is a folder"):
-        grow.main(["--doubling=weights", f"--resume={good}", f"--out_dir={tmp_path / 'dir_out'}", "--force"])
+        grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={tmp_path / 'dir_out'}", "--force"])
     # the CLI: one line, exit 2, no traceback
     assert_one_line_error(run_cli(["grow.py", "--doubling=weights", f"--resume={good}", f"--out_dir={blocker}"]),
                           "not a folder")

@@ -3,7 +3,7 @@ import json
 import sys
 import types
 
-from metrics import MetricsLogger
+from tinylab.metrics import MetricsLogger
 
 
 def test_records_and_wandb_payload(tmp_path, monkeypatch):

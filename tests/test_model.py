@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import checkpoint as ckpt_lib
 from model import ModelArgs, Transformer
+from tinylab import checkpoint as ckpt_lib
 
 
 def tiny(n_kv_heads=None, tie=True, **kw):
@@ -248,7 +248,7 @@ def test_llama2c_checkpoint_loads(tmp_path):
 
 
 def test_bad_checkpoints_are_user_errors(tmp_path):
-    from errors import UserError
+    from tinylab.errors import UserError
     with pytest.raises(UserError, match="not found"):
         ckpt_lib.load_checkpoint(str(tmp_path / "nope.pt"))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")

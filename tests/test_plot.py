@@ -4,7 +4,7 @@ import struct
 
 from conftest import assert_one_line_error, run_cli
 
-import plot
+from tinylab import plotting as plot
 
 
 def write_log(path, scale=1.0):

@@ -13,11 +13,11 @@ import os
 import textwrap
 
 import pytest
-
 from conftest import REPO, assert_one_line_error, run_cli
-from configurator import parse_config
 
-import sweep
+from tinylab import sweeps as sweep
+from tinylab.config import parse_config
+from tinylab.schema import TRAIN_DEFAULTS
 
 # a program with the interface sweep.py relies on: DEFAULTS (importable without side effects),
 # the configurator, out_dir/metrics.jsonl; batch_size=13 fails on purpose
@@ -26,7 +26,7 @@ FAKE_PROGRAM = textwrap.dedent('''
     DEFAULTS = {"learning_rate": 1e-3, "batch_size": 8, "out_dir": "out/{batch_size}", "wandb_log": False,
                 "dataset_name": "a", "use_x": True}
     if __name__ == "__main__":
-        from configurator import parse_config
+        from tinylab.config import parse_config
         cfg = parse_config(DEFAULTS)
         os.makedirs(cfg["out_dir"], exist_ok=True)
         with open(os.path.join(cfg["out_dir"], "metrics.jsonl"), "a") as f:
@@ -109,12 +109,11 @@ def test_each_macro_expands_as_documented():
 
 
 def test_expanded_args_parse_in_our_configurator():
-    import train
     values = {"learning_rate": 3e-4, "batch_size": 16, "wandb_log": True, "dataset_name": "filter-Twist",
               "decay_lr": False, "eval_dataset_names": ["x", "y"], "min_lr": 1e-5, "dropout": 0.1}
     argv = sweep.build_command(sweep.DEFAULT_COMMAND, "train.py", values, "unused.json")
     assert argv[:3] == ["/usr/bin/env", "python", "train.py"]
-    cfg = parse_config(train.DEFAULTS, argv[3:])
+    cfg = parse_config(TRAIN_DEFAULTS, argv[3:])
     for k, v in values.items():
         assert cfg[k] == v and type(cfg[k]) is type(v), k
 

@@ -4,7 +4,6 @@ position ids, label masks and loss normalisation against brute-force / hand comp
 import http.server
 import json
 import math
-import os
 import socket
 import threading
 import time
@@ -12,14 +11,13 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import TOK8192
 
-import hub
-import t0_data as T
-from conftest import SHARED
-from errors import UserError
-from tokenizer import Tokenizer
+from tinylab import hub
+from tinylab import t0_data as T
+from tinylab.errors import UserError
+from tinylab.tokenizer import Tokenizer
 
-TOK8192 = os.path.join(SHARED, "tokenizers", "tok8192.model")
 PAIRS = [("Is the sky blue?", "yes"), ("Question: who is the hero?", " Lily"), ("What is 2 plus 2?", "4"),
          ("Story: Tom had a red ball.\nWhat colour was the ball?", "  red")]
 

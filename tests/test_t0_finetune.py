@@ -7,15 +7,18 @@ import os
 
 import pytest
 import torch
-
-import checkpoint as ckpt_lib
-import finetune_t0
 from conftest import assert_one_line_error, run_cli
-from errors import UserError
-from t0_data import ExampleEncoder, load_mixture
 from t0_setup import TOK8192, make_t0_setup, read_metrics, t0_args, train_losses
-from tokenizer import Tokenizer
-from trainer import Run
+
+import finetune_t0
+from tinylab import checkpoint as ckpt_lib
+from tinylab.config import parse_config
+from tinylab.errors import UserError
+from tinylab.schema import T0_DEFAULTS
+from tinylab.t0_data import ExampleEncoder, load_mixture
+from tinylab.t0_finetune import T0Data, T0Evaluator, apply_presets
+from tinylab.tokenizer import Tokenizer
+from tinylab.trainer import Run
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +54,11 @@ def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
 
 def test_validation_rows_are_fixed_and_groups_separate(setup):
     mixture, base = setup
-    cfg = finetune_t0.parse_config(finetune_t0.DEFAULTS, t0_args(mixture, base, "unused", max_seq_len=128))
+    cfg = parse_config(T0_DEFAULTS, t0_args(mixture, base, "unused", max_seq_len=128))
     enc = ExampleEncoder(Tokenizer(TOK8192))
-    data = finetune_t0.T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
+    data = T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
     model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
-    ev = finetune_t0.T0Evaluator(cfg, Run(cfg), data, enc, data.stream(cfg))
+    ev = T0Evaluator(cfg, Run(cfg), data, enc, data.stream(cfg))
     assert ev.groups[0]["arrays"][0].shape == (4, 129)  # eval_iters * batch_size rows
     with torch.no_grad():
         a, b = ev(model, 0, False), ev(model, 1, False)
@@ -84,9 +87,9 @@ def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
 
 
 def test_presets_fill_finetuning_keys_unless_set():
-    cfg = finetune_t0.apply_presets({**finetune_t0.DEFAULTS, "adafactor_preset": "bloomz_adam"})
+    cfg = apply_presets({**T0_DEFAULTS, "adafactor_preset": "bloomz_adam"})
     assert (cfg["loss_normalization"], cfg["learning_rate"], cfg["weight_decay"]) == ("example", 2e-5, 1e-4)
-    cfg = finetune_t0.apply_presets({**finetune_t0.DEFAULTS, "adafactor_preset": "bloomz_adam",
+    cfg = apply_presets({**T0_DEFAULTS, "adafactor_preset": "bloomz_adam",
                                      "loss_normalization": "token_microbatch"})
     assert cfg["loss_normalization"] == "token_microbatch"
 
@@ -152,7 +155,7 @@ def test_pretrain_text_group_tracks_forgetting(setup, tmp_path):
     equals the base model's loss on the same loader windows, computed here directly."""
     import shutil
 
-    from pretok_data import BatchLoader
+    from tinylab.pretokenized import BatchLoader
     mixture, base = setup
     cache = str(tmp_path / "data")
     run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={cache}", "--num_shards=2", "--stories_per_shard=60"],

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import t0_data as T
 from model import ModelArgs, Transformer
+from tinylab import t0_data as T
 
 V = 61
 

@@ -2,21 +2,19 @@
 log-softmax reference, a planted answer is ranked first, ties go to the lowest index, medians,
 and the command line on a checkpoint."""
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
+from conftest import TOK8192, assert_one_line_error, run_cli
 from torch import nn
 
-import checkpoint as ckpt_lib
-from conftest import SHARED, assert_one_line_error, run_cli
-from evaluation.eval_rank import rank_accuracy, rank_examples, score_choices, summarize
 from model import ModelArgs, Transformer
-from t0_data import ExampleEncoder
-from tokenizer import Tokenizer
+from tinylab import checkpoint as ckpt_lib
+from tinylab.rank_eval import rank_accuracy, rank_examples, score_choices, summarize
+from tinylab.t0_data import ExampleEncoder
+from tinylab.tokenizer import Tokenizer
 
-TOK8192 = os.path.join(SHARED, "tokenizers", "tok8192.model")
 
 
 def tiny_model(vocab=67, max_seq_len=40):

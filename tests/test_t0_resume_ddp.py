@@ -6,10 +6,10 @@ import os
 
 import pytest
 import torch
-
-import finetune_t0
 from conftest import kill_when_file_appears, run_cli
 from t0_setup import make_t0_setup, t0_args, train_losses
+
+import finetune_t0
 
 
 @pytest.fixture(scope="module")

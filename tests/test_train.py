@@ -8,8 +8,13 @@ import time
 
 import pytest
 import torch
-
-from conftest import PYTHON, REPO, assert_one_line_error, kill_when_file_appears, run_cli
+from conftest import (
+    PYTHON,
+    REPO,
+    assert_one_line_error,
+    kill_when_file_appears,
+    run_cli,
+)
 
 VOCAB = 1024
 
@@ -84,7 +89,7 @@ def test_checkpoint_write_is_atomic_under_kill(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     script = (
         "import sys, torch; sys.path.insert(0, %r)\n"
-        "from checkpoint import save_checkpoint\n"
+        "from tinylab.checkpoint import save_checkpoint\n"
         "i = 0\n"
         "while True:\n"
         "    save_checkpoint({'model': {'w': torch.full((4_000_000,), float(i))}, 'model_args': {}, 'iter_num': i}, %r)\n"

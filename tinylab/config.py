@@ -8,12 +8,13 @@ against the type of the default. An int is accepted where a float is expected. E
 one-line UserError: unknown key (with the closest key suggested), `--key value` without `=`,
 a wrong type, a missing config file. `--help` lists every key with its default.
 """
+import argparse
 import ast
 import difflib
 import os
 import sys
 
-from errors import UserError
+from tinylab.errors import UserError
 
 # spellings users type from older READMEs and the original study's configs
 ALIASES = {"lr": "learning_rate", "generation_eval_batch_size": "generation_batch_size"}
@@ -133,3 +134,10 @@ def expand_templates(config: dict, keys=("out_dir",)):
                 config[key] = value.format(**safe)
             except (KeyError, IndexError, ValueError) as e:
                 raise UserError(f"{key}={value!r}: cannot fill placeholder {e} (use {{config_key}})")
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see python {self.prog} --help)")

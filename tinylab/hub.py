@@ -15,7 +15,7 @@ import socket
 import threading
 from urllib.parse import urlparse
 
-from errors import UserError, first_line
+from tinylab.errors import UserError, first_line
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_TIMEOUT = 3.0  # seconds: a reachable hub answers well within this

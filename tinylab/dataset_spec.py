@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from errors import UserError
+from tinylab.errors import UserError
 
 # the six feature names exactly as spelled in the raw data (case-sensitive)
 FEATURES = ("Dialogue", "Twist", "BadEnding", "MoralValue", "Foreshadowing", "Conflict")

@@ -27,9 +27,9 @@ import os
 import numpy as np
 import torch
 
-from dataset_spec import dataset_dir, infer_pretokenize_flags
-from errors import UserError
-from tokenizer import file_sha256
+from tinylab.dataset_spec import dataset_dir, infer_pretokenize_flags
+from tinylab.errors import UserError
+from tinylab.tokenizer import file_sha256
 
 PRETRAIN_SHARD_PERCENTAGE = 0.8
 FORMAT_VERSION = 1  # of manifest.json, written by tinystories.py pretokenize

@@ -9,10 +9,12 @@ the schedule: constant, or linear warmup + cosine to min_lr, optionally moved ba
 with a linear re-warmup from 0 (spec §6.3).
 """
 import math
+import warnings
 
 import torch
 
-from errors import UserError
+from tinylab.adafactor import Adafactor
+from tinylab.errors import UserError
 
 OPTIMIZERS = ("adamw", "adafactor")
 
@@ -62,7 +64,7 @@ def build_optimizer(model, cfg, overrides=None):
         extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)),
                                  eps=cfg.get("adam_eps", 1e-8), **extra)
-    from adafactor import adafactor_from_config
+    from tinylab.optim import adafactor_from_config
     return adafactor_from_config(model, cfg, overrides)
 
 
@@ -125,3 +127,105 @@ def clip_grad_norm(model, max_norm, overrides=None):
 def set_lr(optimizer, lr):
     for g in optimizer.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
+
+
+# Settings every driver understands when optimizer=adafactor (the trainer's defaults for them).
+ADAFACTOR_CONFIG_DEFAULTS = {
+    "adafactor_preset": "",
+    "adafactor_scale_parameter": True,
+    "adafactor_relative_step": False,
+    "adafactor_warmup_init": False,
+    "adafactor_clip_threshold": 1.0,
+    "adafactor_decay_rate": -0.8,
+    "adafactor_beta1": 0.0,
+}
+
+
+_ADAFACTOR_HF = {"adafactor_clip_threshold": 1.0, "adafactor_decay_rate": -0.8,
+                 "adafactor_beta1": 0.0, "adafactor_warmup_init": False,
+                 "adafactor_relative_step": False}
+
+
+ADAFACTOR_PRESETS = {
+    # T0 (Mesh-TF): constant 1e-3 relative to each tensor's RMS, no warmup, no weight decay, no
+    # global grad-norm clipping (update clipping replaces it).
+    "t0": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": True,
+           "learning_rate": 1e-3, "lr_scheduling": False, "warmup_iters": 0,
+           "weight_decay": 0.0, "grad_clip": 0.0},
+    # HF's T5 finetuning recipe: absolute steps of 1e-3 (about 50x t0's on std-0.02 matrices),
+    # reached by the config's linear warmup (warmup_iters is left as configured) and then held
+    # constant (min_lr = learning_rate turns the cosine into a constant), no extra clipping.
+    "hf_t5": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": False,
+              "learning_rate": 1e-3, "lr_scheduling": True, "decay_lr": True,
+              "weight_decay": 0.0, "grad_clip": 0.0},
+}
+
+
+OPTIMIZER_PRESETS = {
+    **ADAFACTOR_PRESETS,
+    # BLOOMZ finetuning (tr13-mtf): Adam(0.9, 0.95) eps 1e-8, constant 2e-5, no warmup,
+    # weight decay 1e-4 (matrices only), grad-norm clip 1.0.
+    "bloomz_adam": {"optimizer": "adamw", "learning_rate": 2e-5, "lr_scheduling": False,
+                    "warmup_iters": 0, "weight_decay": 1e-4, "grad_clip": 1.0,
+                    "beta1": 0.9, "beta2": 0.95, "adam_eps": 1e-8},
+}
+
+
+def apply_optimizer_preset(cfg, defaults=None):
+    """A new config with the preset named by cfg['adafactor_preset'] filled in ("" = no preset).
+
+    Sets exactly the keys of OPTIMIZER_PRESETS[name] (optimizer, learning_rate, lr_scheduling,
+    warmup_iters (not hf_t5), decay_lr (hf_t5), weight_decay, grad_clip, the adafactor_* keys or
+    AdamW's beta1/beta2/adam_eps) and, for hf_t5, min_lr = learning_rate.
+    With `defaults` (the driver's default config), a key whose value differs from its default
+    was chosen by the user (config file or --key=value) and is kept, e.g.
+    `--adafactor_preset=t0 --learning_rate=3e-4`; `optimizer` must then agree with the preset.
+    Without `defaults` the preset overwrites every key it names.
+    """
+    name = cfg.get("adafactor_preset", "") or ""
+    out = dict(cfg)
+    if not name:
+        return out
+    if name not in OPTIMIZER_PRESETS:
+        raise UserError(f"unknown adafactor_preset '{name}' (choose from "
+                        f"{', '.join(OPTIMIZER_PRESETS)}, or '' for none)")
+    preset = OPTIMIZER_PRESETS[name]
+    for key, value in preset.items():
+        user_set = defaults is not None and key in cfg and key in defaults and cfg[key] != defaults[key]
+        if user_set and key == "optimizer" and cfg[key] != value:
+            raise UserError(f"adafactor_preset={name} uses optimizer={value}, "
+                            f"but optimizer={cfg[key]} was set")
+        if not user_set:
+            out[key] = value
+    if name == "hf_t5":
+        out["min_lr"] = out["learning_rate"]
+        warnings.warn("adafactor_preset=hf_t5 takes absolute steps (scale_parameter=False): about "
+                      "50x larger than t0's on std-0.02 matrices; keep a warmup (warmup_iters="
+                      f"{out.get('warmup_iters')})", stacklevel=2)
+    return out
+
+
+def adafactor_from_config(model, cfg, overrides=None):
+    """Adafactor over `model` from the adafactor_* config keys (see the module docstring).
+
+    Parameter groups are optim.param_groups' (names, lr_scale, weight decay on >= 2-D tensors);
+    with relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True
+    lr is None (the step size comes from the step count; learning_rate is ignored).
+    """
+    c = {**ADAFACTOR_CONFIG_DEFAULTS, **cfg}
+    overrides = overrides or {}
+    eps_overrides = sorted(n for n, ov in overrides.items() if ov.get("eps") is not None)
+    if eps_overrides:
+        raise UserError(f"per-parameter eps overrides (e.g. {eps_overrides[0]}) are AdamW-only "
+                        f"(exact growth continuation); use optimizer=adamw")
+    groups = param_groups(model, c.get("weight_decay", 0.0), overrides)
+    relative = bool(c["adafactor_relative_step"])
+    lr = None if relative else c["learning_rate"]
+    if not relative:
+        for g in groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+    beta1 = c["adafactor_beta1"]
+    return Adafactor(groups, lr=lr, clip_threshold=c["adafactor_clip_threshold"],
+                     decay_rate=c["adafactor_decay_rate"], beta1=beta1 if beta1 else None,
+                     scale_parameter=bool(c["adafactor_scale_parameter"]), relative_step=relative,
+                     warmup_init=bool(c["adafactor_warmup_init"]))

@@ -10,11 +10,12 @@ import os
 
 import torch
 
-import hub
-from checkpoint import load_checkpoint, model_from_checkpoint
-from errors import ArgParser, UserError, first_line
-from fileio import write_atomic
-from tinystories import progress  # noqa: F401  (re-exported for the CLIs)
+from tinylab import hub
+from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
+from tinylab.config import ArgParser
+from tinylab.errors import UserError, first_line
+from tinylab.fileio import write_atomic
+from tinylab.progress import progress  # noqa: F401  (re-exported for the CLIs)
 
 
 def model_parser(doc: str) -> argparse.ArgumentParser:
@@ -47,7 +48,7 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
     """(frozen model in eval mode, checkpoint dict). An HF Llama folder is imported in memory
     with export.py's importer, so its checkpoint has no training config."""
     if is_hf_dir(path):
-        from export import imported_checkpoint, read_hf
+        from tinylab.interop import imported_checkpoint, read_hf
         args, state = read_hf(path)
         ckpt = imported_checkpoint(args, state, f"hf:{path}")
     else:
@@ -67,8 +68,7 @@ def load_for_args(a):
 def load_tokenizer(ckpt: dict, model, checkpoint_path: str, tokenizer_model: str = "", data_cache_dir: str = ""):
     """The tokenizer the checkpoint was trained with (an HF folder's own tokenizer.model), or an
     explicit file; its size must match the model's vocabulary."""
-    from sample import tokenizer_for_checkpoint
-    from tokenizer import Tokenizer
+    from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
     if not tokenizer_model and is_hf_dir(checkpoint_path):
         tokenizer_model = os.path.join(checkpoint_path, "tokenizer.model")
         if not os.path.isfile(tokenizer_model):

@@ -26,13 +26,25 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint as ckpt_lib
-from distributed import all_gather_object, all_reduce_max, all_reduce_mean, cleanup, init_distributed
-from errors import UserError
-from metrics import MetricsLogger
 from model import ModelArgs, Transformer
-from grow import grow_in_run, parse_grow_schedule
-from optim import build_optimizer, clip_grad_norm, lr_at, optimizer_param_names, set_lr
+from tinylab import checkpoint as ckpt_lib
+from tinylab.distributed import (
+    all_gather_object,
+    all_reduce_max,
+    all_reduce_mean,
+    cleanup,
+    init_distributed,
+)
+from tinylab.errors import UserError
+from tinylab.growth import grow_in_run, parse_grow_schedule
+from tinylab.metrics import MetricsLogger
+from tinylab.optim import (
+    build_optimizer,
+    clip_grad_norm,
+    lr_at,
+    optimizer_param_names,
+    set_lr,
+)
 
 # dense bf16 peak FLOP/s by device name substring, for MFU (override with peak_flops=...)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}

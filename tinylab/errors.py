@@ -4,7 +4,6 @@ Every command-line entry point wraps its main() with `cli_main`, and library cod
 `UserError` for anything the user can fix (bad flag, missing dataset, incompatible checkpoint).
 Genuine bugs still raise ordinary exceptions and show a traceback.
 """
-import argparse
 import sys
 
 
@@ -28,9 +27,3 @@ def first_line(e: BaseException, limit: int = 160) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:limit]}" if lines else type(e).__name__
 
-
-class ArgParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
-
-    def error(self, message):
-        raise UserError(f"{message} (see python {self.prog} --help)")

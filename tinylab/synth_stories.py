@@ -17,7 +17,7 @@ Records carry words = [verb, noun, adjective] that literally occur in the story,
 a one-sentence summary, and source "tinystories-lab synth v1". Each shard depends only on
 (seed, shard index), so shards can be made in any order and are reproducible.
 """
-from dataset_spec import FEATURES, STREAM_SYNTH, shard_rng
+from tinylab.dataset_spec import FEATURES, STREAM_SYNTH, shard_rng
 
 SOURCE = "tinystories-lab synth v1"
 # independent per-story probabilities: each filtered / specialised dataset keeps a real share

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import hub
-from errors import UserError, first_line
+from tinylab import hub
+from tinylab.errors import UserError, first_line
 
 TOKENIZATION_DEFAULTS = dict(
     add_bos=True,  # BOS before every input (our models were pretrained with one per document)

@@ -9,7 +9,7 @@ import os
 
 import sentencepiece as spm
 
-from errors import UserError
+from tinylab.errors import UserError
 
 
 def file_sha256(path: str) -> str:
@@ -80,3 +80,13 @@ def load_tokenizer(data_cache_dir: str, vocab_size: int, tokenizer_model: str = 
     if vocab_size > 0 and tok.vocab_size != vocab_size:
         raise UserError(f"tokenizer {tok.model_path} has {tok.vocab_size} pieces but --vocab_size={vocab_size}")
     return tok
+
+
+def tokenizer_for_checkpoint(ckpt, tokenizer_model=None, data_cache_dir=None):
+    """The tokenizer a checkpoint was trained with (or an explicit model file)."""
+    cfg = ckpt.get("config", {})
+    if tokenizer_model:
+        return Tokenizer(tokenizer_model)
+    vocab = 0 if cfg.get("vocab_source") == "llama2" else cfg.get("vocab_size", ckpt["model_args"]["vocab_size"])
+    cache = data_cache_dir or cfg.get("data_cache_dir", "data")
+    return Tokenizer(tokenizer_model_path(cache, vocab, cfg.get("tokenizer_model") or None))

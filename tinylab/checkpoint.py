@@ -22,9 +22,9 @@ import random
 import numpy as np
 import torch
 
-from errors import UserError, first_line
-from fileio import atomic_file
 from model import ModelArgs, Transformer
+from tinylab.errors import UserError, first_line
+from tinylab.fileio import atomic_file
 
 FORMAT_VERSION = 1
 

@@ -29,8 +29,8 @@ import json
 import os
 import random
 
-import synth_stories as synth
-from t0_data import example_hash
+from tinylab import synth_stories as synth
+from tinylab.t0_data import example_hash
 
 SEEN = ("hero", "object", "ending", "dialogue", "addition")
 HELD_OUT = ("friend", "mood", "speech")

@@ -1,0 +1,121 @@
+import os
+
+import torch
+
+from tinylab.dataset_spec import dataset_dir
+from tinylab.errors import UserError
+from tinylab.pretokenized import BatchLoader
+
+
+def dataset_vocab(cfg):
+    """The vocab number of the data layout (0 = Llama 2) and the model's vocabulary size."""
+    if cfg["vocab_source"] == "llama2":
+        return 0, 32000
+    if cfg["vocab_source"] != "custom":
+        raise UserError(f"vocab_source must be 'custom' or 'llama2', not '{cfg['vocab_source']}'")
+    return cfg["vocab_size"], cfg["vocab_size"]
+
+
+def load_tokenizer(cfg):
+    from tinylab.tokenizer import Tokenizer, tokenizer_model_path
+    layout_vocab, _ = dataset_vocab(cfg)
+    return Tokenizer(tokenizer_model_path(cfg["data_cache_dir"], layout_vocab, cfg.get("tokenizer_model") or None))
+
+
+class LMEvaluator:
+    """Mean LM loss on fixed batches of the train split, the test split and each eval dataset's
+    test split; and, when asked, generations from BOS-aligned test prompts of every dataset."""
+
+    def __init__(self, cfg, run, tokenizer):
+        self.cfg, self.run, self.tokenizer = cfg, run, tokenizer
+        self.logger = None
+        vocab, _ = dataset_vocab(cfg)
+        main_dir = dataset_dir(cfg["data_cache_dir"], vocab, cfg["dataset_name"])
+        self.loss_sets = {"train": (main_dir, "train"), "test": (main_dir, "test")}
+        self.gen_sets = {"id": main_dir}
+        for name in cfg["eval_dataset_names"]:
+            self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
+            self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
+        unknown = set(cfg.get("generation_datasets") or []) - set(self.gen_sets)
+        if unknown:
+            raise UserError(f"generation_datasets names {sorted(unknown)}, which are neither 'id' nor in eval_dataset_names")
+        if cfg.get("generation_datasets"):
+            self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in cfg["generation_datasets"]}
+        self.feature_score = None
+        if cfg.get("feature_eval") and run.master:
+            from tinylab.feature_judge import FeatureScore, make_judge
+            self.feature_score = FeatureScore(make_judge(cfg["feature_eval"], cfg["data_cache_dir"], flag="feature_eval"))
+            print(f"feature_eval={cfg['feature_eval']}: judge {self.feature_score.judge.description}")
+
+    def loader(self, data_dir, split, batch_size, split_on_bos=False):
+        cfg = self.cfg
+        return BatchLoader(data_dir, split, batch_size, cfg["max_seq_len"], seed=cfg["seed"],
+                           split_on_bos=split_on_bos, bos_id=self.tokenizer.bos_id, device=self.run.device,
+                           split_shards_pretrain=cfg["split_shards_pretrain"] and split != "test",
+                           pretraining=cfg["pretraining"])
+
+    def __call__(self, model, iter_num, generations):
+        metrics = {}
+        for name, (data_dir, split) in self.loss_sets.items():
+            # a fresh loader re-seeds identically: the same batches at every evaluation
+            batches = self.loader(data_dir, split, self.cfg["eval_batch_size"] or self.cfg["batch_size"])
+            losses = torch.zeros(self.cfg["eval_iters"])
+            for k in range(self.cfg["eval_iters"]):
+                x, y = next(batches)
+                model(x, y, return_logits=False)
+                losses[k] = model.last_loss.float()
+            metrics[f"loss/{name}"] = losses.mean().item()
+        if generations and self.cfg["max_new_tokens"] > 0:
+            for name, data_dir in self.gen_sets.items():
+                rows = self.generate(model, data_dir, iter_num)
+                if self.feature_score is not None:
+                    self.feature_score.add(name, rows)
+                if self.logger is not None:
+                    self.logger.log_table(f"generations/{name}", ["prefix", "clean_prefix", "generation", "target", "iter_num"], rows, iter_num)
+            if self.feature_score is not None:  # among prompts asking for the feature: pooled and per dataset
+                metrics.update(self.feature_score.metrics())
+        return metrics
+
+    def generate(self, model, data_dir, iter_num):
+        """Sample stories for the instruction headers of BOS-aligned test examples."""
+        from tinylab.dataset_spec import extract_story, header_end
+        cfg, tok = self.cfg, self.tokenizer
+        n_prompts = cfg["generation_eval_iters"] * cfg["generation_batch_size"]
+        windows = self.loader(data_dir, "test", cfg["generation_batch_size"], split_on_bos=True)
+        prompts, targets = [], []
+        for _ in range(10 * n_prompts):  # bounded: a tiny max_seq_len may never hold a header
+            if len(prompts) >= n_prompts:
+                break
+            x, _ = next(windows)
+            for row in x.tolist():
+                try:
+                    h = header_end(row, tok)
+                except ValueError:  # the window is too short to hold the whole header
+                    continue
+                prompts.append(row[:h])
+                targets.append(extract_story(row[h:], tok))
+        prompts, targets = prompts[:n_prompts], targets[:n_prompts]
+        if not prompts:
+            print(f"warning: no test window of {data_dir} holds a whole header within max_seq_len; no generations")
+        rows = []
+        gen = torch.Generator(device=self.run.device).manual_seed(cfg["seed"] + iter_num)
+        bs = cfg["generation_batch_size"]
+        from tinylab.progress import progress
+        for start in progress(range(0, len(prompts), bs), desc=f"generating ({os.path.basename(data_dir)})",
+                              unit="batch", leave=False):
+            chunk = prompts[start:start + bs]
+            longest = max(len(p) for p in chunk)
+            # past max_seq_len the model sees the last max_seq_len tokens (llama2.c's cropping)
+            new = cfg["max_new_tokens"]
+            idx = torch.zeros(len(chunk), longest, dtype=torch.long)
+            mask = torch.zeros(len(chunk), longest, dtype=torch.bool)
+            for i, p in enumerate(chunk):  # left padding: every prompt ends where generation starts
+                idx[i, longest - len(p):] = torch.tensor(p)
+                mask[i, longest - len(p):] = True
+            out = model.generate(idx.to(self.run.device), new, temperature=cfg["temperature"],
+                                 top_k=cfg["top_k"] or None, prompt_mask=mask.to(self.run.device), generator=gen)
+            for i, p in enumerate(chunk):
+                prefix = tok.decode(p)
+                generation = extract_story(out[i, longest:].tolist(), tok)
+                rows.append([prefix, prefix.strip(), generation, targets[start + i], iter_num])
+        return rows

@@ -1,0 +1,462 @@
+"""Run a wandb sweep YAML locally, one run after another, with no wandb server.
+
+    python sweep.py sweeps/deletion.yaml                 # every grid point
+    python sweep.py sweeps/x.yaml --count=8 --seed=0     # method: random, 8 seeded draws
+    python sweep.py sweeps/x.yaml --dry_run              # print the commands, run nothing
+    python sweep.py sweeps/x.yaml --wandb_mode=disabled --parallel=2
+
+`wandb agent` cannot run a sweep without the W&B backend (even its "local controller" talks to
+it), so this reads the same YAML (docs/interop.md) and does the agent's job:
+  - grid: the Cartesian product of every parameter's `values` (a `value` is one value), in YAML
+    order, the first parameter varying slowest; random: independent draws from each parameter's
+    distribution with a seeded RNG, `--count` or `run_cap` of them; bayes needs the server: error;
+  - every parameter must be a config key of the program (its module-level DEFAULTS) and every
+    value must pass the configurator, checked for all runs before the first one starts;
+  - the command is built exactly as `wandb agent` builds it (wandb_agent.py, `_command_run`):
+    `${envvar:NAME}` inside any item, then items that are a whole macro (`${env}`, `${interpreter}`,
+    `${program}`, `${args}`, `${args_no_equals}`, `${args_no_hyphens}`, `${args_no_boolean_flags}`,
+    `${args_json}`, `${args_json_file}`) replaced by their argument lists; no shell;
+  - each run's out_dir is what the program will compute from that argv (the configurator, config
+    files and `{key}` templates included); only if two runs would share one out_dir, and so
+    overwrite each other's checkpoints and metrics, is `--out_dir=<sweep folder>/run-NNN` appended
+    to every command (the one possible difference from the agent's argv, announced on stderr);
+  - each run starts from the repository root with WANDB_MODE=offline (or --wandb_mode), and the
+    folder of this Python first on PATH so that the agent's `python` is this interpreter;
+  - results.jsonl in the sweep folder gets one line per run: params, argv, exit code, and the final
+    and best (per metric.goal) value of metric.name from the run's metrics.jsonl; configurations
+    already recorded with exit code 0 are skipped when the sweep is started again.
+"""
+import collections
+import importlib.util
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from tinylab.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tinylab/..
+DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
+ENVVAR_MACRO = re.compile(r"\$\{envvar\:([A-Z0-9_]*)\}")  # the agent's own pattern
+ARG_MACROS = ("args", "args_no_equals", "args_no_hyphens", "args_no_boolean_flags", "args_json")
+MACROS = ("env", "interpreter", "program", "args_json_file") + ARG_MACROS
+TOP_KEYS = {"program", "method", "parameters", "name", "description", "project", "entity", "metric",
+            "early_terminate", "command", "run_cap", "controller", "job", "image_uri"}
+PARAM_KEYS = {"value", "values", "probabilities", "distribution", "min", "max", "mu", "sigma", "q"}
+DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform", "log_uniform",
+                 "log_uniform_values", "q_log_uniform", "q_log_uniform_values", "inv_log_uniform",
+                 "inv_log_uniform_values", "normal", "q_normal", "log_normal", "q_log_normal")
+
+
+# ---------------------------------------------------------------------- reading the YAML
+
+def _number(x, what):
+    # PyYAML reads 1e-4 (no dot) as a string; a bound that looks like a number is one
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            pass
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise UserError(f"{what} must be a number, not {x!r}")
+    return x
+
+
+def distribution_of(name, spec):
+    """The parameter's distribution, explicit or inferred as W&B does."""
+    dist = spec.get("distribution")
+    if dist is None:
+        if "values" in spec:
+            return "categorical"
+        if "value" in spec:
+            return "constant"
+        if "min" in spec and "max" in spec:
+            both_int = all(isinstance(spec[k], int) and not isinstance(spec[k], bool) for k in ("min", "max"))
+            return "int_uniform" if both_int else "uniform"
+        raise UserError(f"parameter '{name}' needs value, values, or min and max")
+    if dist not in DISTRIBUTIONS:
+        raise UserError(f"parameter '{name}': unknown distribution '{dist}' (known: {', '.join(DISTRIBUTIONS)})")
+    return dist
+
+
+def check_parameter(name, spec):
+    if not isinstance(spec, dict):
+        raise UserError(f"parameter '{name}' must be a mapping such as {{values: [...]}} or {{value: x}}, not {spec!r}")
+    if "parameters" in spec:
+        raise UserError(f"parameter '{name}' has nested parameters, which our flat config cannot take")
+    unknown = sorted(set(spec) - PARAM_KEYS)
+    if unknown:
+        raise UserError(f"parameter '{name}': unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(PARAM_KEYS))})")
+    dist = distribution_of(name, spec)
+    if dist == "categorical":
+        if not isinstance(spec.get("values"), list) or not spec["values"]:
+            raise UserError(f"parameter '{name}': values must be a non-empty list")
+        probs = spec.get("probabilities")
+        if probs is not None and (len(probs) != len(spec["values"]) or abs(sum(probs) - 1) > 1e-6):
+            raise UserError(f"parameter '{name}': probabilities must match values one to one and sum to 1")
+    elif dist == "constant" and "value" not in spec:
+        raise UserError(f"parameter '{name}': distribution constant needs a value")
+    elif dist not in ("constant", "categorical"):
+        for key in ("min", "max", "mu", "sigma", "q"):
+            if key in spec:
+                spec[key] = _number(spec[key], f"parameter '{name}': {key}")
+        if "normal" not in dist:
+            if "min" not in spec or "max" not in spec or spec["min"] > spec["max"]:
+                raise UserError(f"parameter '{name}': distribution {dist} needs min <= max")
+            if dist.endswith("_values") and spec["min"] <= 0:
+                raise UserError(f"parameter '{name}': distribution {dist} needs min > 0")
+        if dist == "int_uniform" and not all(isinstance(spec[k], int) for k in ("min", "max")):
+            raise UserError(f"parameter '{name}': int_uniform needs integer min and max")
+
+
+def load_sweep(path):
+    import yaml
+    if not os.path.isfile(path):
+        raise UserError(f"sweep file not found: {path}")
+    try:
+        with open(path) as f:
+            sweep = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise UserError(f"{path} is not valid YAML ({' '.join(str(e).split())[:160]})")
+    if not isinstance(sweep, dict):
+        raise UserError(f"{path} is not a sweep configuration (expected a mapping with program, method, parameters)")
+    try:
+        for key in ("program", "method", "parameters"):
+            if key not in sweep:
+                raise UserError(f"the required key '{key}' is missing")
+        unknown = sorted(set(sweep) - TOP_KEYS)
+        if unknown:
+            raise UserError(f"unknown top-level key(s) {', '.join(unknown)}")
+        method = sweep["method"]
+        if method == "bayes":
+            raise UserError("method bayes needs the W&B server's optimizer; use grid or random offline")
+        if method not in ("grid", "random"):
+            raise UserError(f"unknown method '{method}' (grid or random; bayes needs the W&B server)")
+        if not isinstance(sweep["parameters"], dict) or not sweep["parameters"]:
+            raise UserError("parameters must be a non-empty mapping")
+        for name, spec in sweep["parameters"].items():
+            check_parameter(name, spec)
+            if method == "grid" and distribution_of(name, spec) not in ("constant", "categorical"):
+                raise UserError(f"method grid needs values for parameter '{name}', not a {distribution_of(name, spec)} distribution")
+        command = sweep.get("command", DEFAULT_COMMAND)
+        if not isinstance(command, list) or not command:
+            raise UserError("command must be a non-empty list")
+        for item in command:
+            item = str(item)
+            if item.startswith("${") and item.endswith("}") and not ENVVAR_MACRO.fullmatch(item) and item[2:-1] not in MACROS:
+                # the agent would silently drop it; a typo should not vanish
+                raise UserError(f"unknown command macro {item} (known: {', '.join('${' + m + '}' for m in MACROS)}, ${{envvar:NAME}})")
+        metric = sweep.get("metric") or {}
+        if metric and (not isinstance(metric, dict) or "name" not in metric or metric.get("goal", "minimize") not in ("minimize", "maximize")):
+            raise UserError("metric must be {name: ..., goal: minimize|maximize}")
+    except UserError as e:
+        raise UserError(f"{path}: {e}")
+    if "early_terminate" in sweep:
+        print(f"warning: {path}: early_terminate is ignored offline (every run goes to the end)", file=sys.stderr)
+    return sweep
+
+
+def program_defaults(program, workdir):
+    """The program's DEFAULTS dict (every config key), imported without running its main."""
+    path = os.path.join(workdir, program)
+    if not os.path.isfile(path):
+        raise UserError(f"program {program} not found in {workdir}")
+    if not program.endswith(".py"):
+        raise UserError(f"program {program} is not a Python file; its config keys cannot be checked")
+    spec = importlib.util.spec_from_file_location("_sweep_program_" + os.path.basename(program)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, workdir)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's program is broken or needs something missing: say so briefly
+        raise UserError(f"importing {program} to read its DEFAULTS failed: {type(e).__name__}: {e}")
+    finally:
+        sys.path.remove(workdir)
+    defaults = getattr(module, "DEFAULTS", None)
+    if not isinstance(defaults, dict):
+        raise UserError(f"{program} defines no DEFAULTS dict, so the sweep's parameters cannot be checked")
+    return defaults
+
+
+# ---------------------------------------------------------------------- configurations
+
+def grid_configs(params):
+    names = list(params)
+    choices = [params[n]["values"] if "values" in params[n] else [params[n]["value"]] for n in names]
+    return [dict(zip(names, combo)) for combo in itertools.product(*choices)]
+
+
+def draw(spec, dist, rng):
+    """One value of a W&B distribution (definitions: W&B 'Sweep configuration options')."""
+    if dist == "constant":
+        return spec["value"]
+    if dist == "categorical":
+        return rng.choices(spec["values"], weights=spec.get("probabilities"))[0]
+    if dist == "int_uniform":
+        return rng.randint(spec["min"], spec["max"])  # both ends included
+    lo, hi = spec.get("min"), spec.get("max")
+    base = dist[2:] if dist.startswith("q_") else dist
+    if base == "uniform":
+        x = rng.uniform(lo, hi)
+    elif base == "log_uniform":  # bounds are natural logs
+        x = math.exp(rng.uniform(lo, hi))
+    elif base == "log_uniform_values":
+        x = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    elif base == "inv_log_uniform":  # log(1/X) uniform in [min, max]
+        x = math.exp(-rng.uniform(lo, hi))
+    elif base == "inv_log_uniform_values":  # log(1/X) uniform in [log(1/max), log(1/min)]
+        x = math.exp(-rng.uniform(math.log(1 / hi), math.log(1 / lo)))
+    elif base == "normal":
+        x = rng.gauss(spec.get("mu", 0.0), spec.get("sigma", 1.0))
+    else:  # log_normal
+        x = math.exp(rng.gauss(spec.get("mu", 0.0), spec.get("sigma", 1.0)))
+    if dist.startswith("q_"):
+        q = spec.get("q", 1)
+        x = round(x / q) * q
+        if isinstance(q, int):  # as the W&B sweeps library: an integer q gives integers
+            x = int(x)
+    return x
+
+
+def random_configs(params, count, seed):
+    rng = random.Random(seed)
+    return [{name: draw(spec, distribution_of(name, spec), rng) for name, spec in params.items()} for _ in range(count)]
+
+
+def configurations(sweep, count=None, seed=0):
+    cap = count if count is not None else sweep.get("run_cap")
+    if sweep["method"] == "grid":
+        configs = grid_configs(sweep["parameters"])
+        return configs if cap is None else configs[:cap]
+    if cap is None:
+        raise UserError("method random needs --count=N (or run_cap in the YAML)")
+    return random_configs(sweep["parameters"], cap, seed)
+
+
+# ---------------------------------------------------------------------- commands
+
+def command_args(values):
+    """The agent's argument lists for one configuration (wandb sdk/launch/sweeps/utils.py,
+    create_sweep_command_args): values formatted with str(), booleans True/False."""
+    out = {m: [] for m in ARG_MACROS}
+    for key, value in values.items():
+        out["args"].append(f"--{key}={value}")
+        out["args_no_hyphens"].append(f"{key}={value}")
+        out["args_no_equals"] += [f"--{key}", str(value)]
+        if isinstance(value, bool):
+            if value:  # a bare flag when true, nothing when false
+                out["args_no_boolean_flags"].append(f"--{key}")
+        else:
+            out["args_no_boolean_flags"].append(f"--{key}={value}")
+    out["args_json"] = [json.dumps(values)]
+    return out
+
+
+def build_command(command, program, values, json_file, environ=None):
+    """argv list for one run, built as wandb agent builds it."""
+    environ = os.environ if environ is None else environ
+    macros = command_args(values)
+    macros.update(interpreter=["python"], program=[program], args_json_file=[json_file])
+    if platform.system() != "Windows":
+        macros["env"] = ["/usr/bin/env"]
+    argv = []
+    for item in command:
+        # ${envvar:NAME} anywhere in an item; a variable that is not set leaves NAME (agent behaviour)
+        item = ENVVAR_MACRO.sub(lambda m: environ.get(m.group(1), m.group(1)), str(item))
+        if item.startswith("${") and item.endswith("}"):
+            argv += macros.get(item[2:-1]) or []
+        else:
+            argv.append(item)
+    return argv
+
+
+def check_configs(configs, defaults, where):
+    """Every parameter a config key, every value accepted by the configurator (as the child will see it)."""
+    from tinylab.config import apply_override
+    for values in configs:
+        config = dict(defaults)
+        for key, value in values.items():
+            try:
+                apply_override(config, defaults, f"--{key}={value}")
+            except UserError as e:
+                raise UserError(f"{where}: parameter '{key}': {e}")
+
+
+def run_out_dir(argv, program, defaults, workdir):
+    """The out_dir the program will use for this argv: its arguments after `program` parsed by the
+    configurator (config files included, out_dir templates filled), as the child will parse them.
+    None when the command has no `program` item or the program has no out_dir key."""
+    from tinylab.config import parse_config
+    if program not in argv or "out_dir" not in defaults:
+        return None
+    cwd = os.getcwd()
+    os.chdir(workdir)  # config files in the command are relative to where the run starts
+    try:
+        return parse_config(defaults, argv[argv.index(program) + 1:], prog=program)["out_dir"]
+    except UserError as e:
+        raise UserError(f"{program} would reject the command {shlex.join(argv)}: {e}")
+    finally:
+        os.chdir(cwd)
+
+
+# ---------------------------------------------------------------------- running
+
+def metric_values(metrics_path, name, goal, offset=0):
+    """(final, best) numeric values of `name` in the records a run added to its metrics.jsonl
+    after byte `offset` (a re-run of a failed configuration appends to the old log), or (None, None)."""
+    if not name or not os.path.isfile(metrics_path):
+        return None, None
+    with open(metrics_path, "rb") as f:
+        if os.path.getsize(metrics_path) >= offset:
+            f.seek(offset)  # otherwise the run rewrote the file: read it all
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    vals = []
+    for line in lines:
+        try:
+            v = json.loads(line).get(name)
+        except (ValueError, AttributeError):
+            continue  # a torn last line after a crash, or a non-record
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals.append(v)
+    if not vals:
+        return None, None
+    return vals[-1], (max(vals) if goal == "maximize" else min(vals))
+
+
+def run_command(argv, env, cwd, log_path, echo):
+    """Run one command; its output goes to log_path (and to our stdout when `echo`)."""
+    with open(log_path, "wb") as log:
+        if not echo:
+            return subprocess.run(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for line in proc.stdout:
+            log.write(line)
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+        return proc.wait()
+
+
+def read_results(path):
+    from tinylab.metrics import (
+        read_metrics,  # the same JSONL reader (tolerates a torn last line)
+    )
+    return read_metrics(path) if os.path.isfile(path) else []
+
+
+def _key(values):
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def print_table(results, param_names, metric_name):
+    cols = ["run"] + list(param_names) + ["exit"] + ([f"{metric_name} (final)", "best"] if metric_name else [])
+    rows = [[r["run"]] + [_fmt(r["params"].get(p)) for p in param_names] + [str(r["exit_code"])]
+            + ([_fmt(r.get("final")), _fmt(r.get("best"))] if metric_name else []) for r in results]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    for row in [cols] + rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+# ---------------------------------------------------------------------- the sweep, start to end
+
+def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb_mode="offline", parallel=1,
+              workdir=REPO):
+    """Check every configuration, then run them one after another (or `parallel` at a time);
+    exits 1 when a run failed, 130 after Ctrl-C (finished runs stay recorded)."""
+    sweep = load_sweep(sweep_path)
+    workdir = os.path.abspath(workdir)
+    defaults = program_defaults(str(sweep["program"]), workdir)
+    params = sweep["parameters"]
+    configs = configurations(sweep, count, seed)
+    check_configs(configs, defaults, f"{sweep_path} ({sweep['program']})")
+
+    stem = os.path.splitext(os.path.basename(sweep_path))[0]
+    sweep_dir = os.path.join(workdir, out_dir or os.path.join("out", "sweeps", stem))
+    sweep_dir = os.path.abspath(sweep_dir)
+    command = sweep.get("command", DEFAULT_COMMAND)
+    metric = sweep.get("metric") or {}
+    runs = [{"run": f"run-{i:03d}", "params": values,
+             "argv": build_command(command, str(sweep["program"]), values, os.path.join(sweep_dir, f"run-{i:03d}.args.json"))}
+            for i, values in enumerate(configs)]
+    out_dirs = [run_out_dir(r["argv"], str(sweep["program"]), defaults, workdir) for r in runs]
+    if "out_dir" in defaults and None not in out_dirs and len(set(out_dirs)) < len(out_dirs):
+        # e.g. a config without an {placeholder} out_dir: the runs would overwrite each other
+        print(f"note: runs would share out_dir {collections.Counter(out_dirs).most_common(1)[0][0]}; "
+              f"each run gets --out_dir={os.path.join(sweep_dir, 'run-NNN')} instead", file=sys.stderr)
+        for r in runs:
+            r["argv"].append(f"--out_dir={os.path.join(sweep_dir, r['run'])}")
+        out_dirs = [os.path.join(sweep_dir, r["run"]) for r in runs]
+    for r, out in zip(runs, out_dirs):
+        r["out_dir"] = None if out is None else os.path.join(workdir, out)
+
+    if dry_run:
+        for r in runs:
+            print(shlex.join(r["argv"]))
+        print(f"# {len(runs)} run(s); method {sweep['method']}; would run in {workdir} with WANDB_MODE={wandb_mode}")
+        return
+
+    results_path = os.path.join(sweep_dir, "results.jsonl")
+    done = {_key(r["params"]) for r in read_results(results_path) if r.get("exit_code") == 0}
+    todo = [r for r in runs if _key(r["params"]) not in done]
+    if len(todo) < len(runs):
+        print(f"skipping {len(runs) - len(todo)} configuration(s) already completed in {results_path}")
+    os.makedirs(sweep_dir, exist_ok=True)
+    env = dict(os.environ, WANDB_MODE=wandb_mode)
+    # `python` in the agent's command should be this interpreter (e.g. an unactivated venv)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    lock = threading.Lock()
+
+    def execute(r):
+        if "${args_json_file}" in command:
+            with open(os.path.join(sweep_dir, f"{r['run']}.args.json"), "w") as f:
+                f.write(json.dumps(r["params"]))
+        log_path = os.path.join(sweep_dir, f"{r['run']}.log")
+        with lock:
+            print(f"=== {r['run']}: {shlex.join(r['argv'])}", flush=True)
+        metrics_path = os.path.join(r["out_dir"], "metrics.jsonl") if r["out_dir"] else ""
+        offset = os.path.getsize(metrics_path) if os.path.isfile(metrics_path) else 0
+        t0 = time.time()
+        code = run_command(r["argv"], env, workdir, log_path, echo=parallel == 1)
+        final, best = metric_values(metrics_path, metric.get("name"), metric.get("goal", "minimize"), offset)
+        record = {**r, "exit_code": code, "metric": metric.get("name"), "final": final, "best": best,
+                  "seconds": round(time.time() - t0, 2), "log": log_path}
+        with lock:
+            with open(results_path, "a") as f:
+                f.write(json.dumps(record, default=str) + "\n")
+            print(f"=== {r['run']} exited {code}" + (f"; {metric['name']} final {_fmt(final)}" if metric.get("name") else ""), flush=True)
+        return record
+
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        list(pool.map(execute, todo))
+    except KeyboardInterrupt:
+        # Ctrl-C reached the running children too; wait for them, start no further run
+        pool.shutdown(wait=True, cancel_futures=True)
+        print(f"interrupted; finished runs are recorded in {results_path}", file=sys.stderr)
+        sys.exit(130)
+    pool.shutdown()
+    latest = {}
+    for r in read_results(results_path):  # a re-run's record replaces the earlier one
+        latest[_key(r["params"])] = r
+    table = [latest[_key(r["params"])] for r in runs if _key(r["params"]) in latest]
+    print_table(table, list(params), metric.get("name"))
+    print(f"results: {results_path}")
+    failed = [r["run"] for r in table if r["exit_code"] != 0]
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)} (see their .log files)", file=sys.stderr)
+        sys.exit(1)
+
