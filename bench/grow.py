@@ -23,11 +23,12 @@ from model import ModelArgs, Transformer  # noqa: E402
 from tinylab import growth as grow  # noqa: E402
 from tinylab.checkpoint import model_args_dict, save_checkpoint  # noqa: E402
 from tinylab.optim import build_optimizer, optimizer_param_names  # noqa: E402
+from tinylab.schema import TRAIN  # noqa: E402
 
 
 def training_state(model):
     """A checkpoint dict with AdamW moments of the right shapes and a step count of 1000."""
-    cfg = {"learning_rate": 5e-4, "weight_decay": 0.1, "optimizer": "adamw"}
+    cfg = {**TRAIN.defaults(), "learning_rate": 5e-4, "weight_decay": 0.1, "optimizer": "adamw"}
     opt = build_optimizer(model, cfg)
     for p in model.parameters():
         opt.state[p] = {"step": torch.tensor(1000.0), "exp_avg": torch.randn_like(p) * 1e-3,
@@ -55,7 +56,7 @@ def main():
           f"torch threads {torch.get_num_threads()}")
     for doubling in grow.DOUBLINGS:
         t0 = time.perf_counter()
-        grown = grow.grow_checkpoint(state, grow.GrowthOptions(doubling=doubling))
+        grown = grow.grow_checkpoint(state, grow.GrowthOptions(doubling=doubling), state["config"])
         dt = time.perf_counter() - t0
         n = grow.meta_model(ModelArgs.from_dict(grown["model_args"])).num_params()
         line = f"{doubling:8s} -> {n / 1e6:.1f}M parameters: grow {dt:.2f} s (weights + AdamW state)"

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import ModelArgs, Transformer  # noqa: E402
 from tinylab import optim  # noqa: E402
 from tinylab.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.schema import TRAIN  # noqa: E402
 
 
 def state_bytes(opt):
@@ -63,7 +64,7 @@ def main():
     torch.manual_seed(0)
     margs = ModelArgs(dim=args.dim, n_layers=args.n_layers, n_heads=n_heads,
                       vocab_size=args.vocab_size, multiple_of=args.multiple_of, max_seq_len=256)
-    base = {"learning_rate": 5e-4, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+    base = {**TRAIN.defaults(), "learning_rate": 5e-4, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
             "optimizer": "adamw", "adafactor_preset": ""}
     t0 = apply_optimizer_preset({**base, "adafactor_preset": "t0"})
     runs = [("adamw", base, {}),

@@ -32,6 +32,7 @@ from optimizers import state_bytes, sync, time_steps  # noqa: E402  (bench/optim
 from model import ModelArgs, Transformer  # noqa: E402
 from tinylab import optim  # noqa: E402
 from tinylab.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.schema import FINETUNE_T0  # noqa: E402
 from tinylab.t0_data import (  # noqa: E402
     ExampleEncoder,
     PackedStream,
@@ -131,7 +132,7 @@ def main():
     setups = []
     for make in (plain, lambda: next(packed)):
         model = Transformer(margs).to(args.device)
-        setups.append((model, optim.build_optimizer(model, {"learning_rate": 1e-4, "weight_decay": 0.0}), make))
+        setups.append((model, optim.build_optimizer(model, {**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0}), make))
     with autocast:
         ms = compare_train_steps(setups, args.steps, args.warmup, args.device)
     for name, t in zip(names, ms):
@@ -139,7 +140,7 @@ def main():
     print(f"  packed / plain time per step: {ms[1] / ms[0]:.3f} (target <= 1.15)")
 
     print("optimizer step alone (bench/optimizers.py's timer):")
-    base = {"learning_rate": 1e-4, "weight_decay": 0.0, "optimizer": "adamw", "adafactor_preset": ""}
+    base = {**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0, "optimizer": "adamw", "adafactor_preset": ""}
     for name, cfg in (("AdamW", base), ("Adafactor (t0 preset)", apply_optimizer_preset({**base, "adafactor_preset": "t0"}))):
         model = Transformer(margs).to(args.device)
         for p in model.parameters():

@@ -20,8 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import train  # noqa: E402  (the config defaults)
-from tinylab.config import parse_config  # noqa: E402
+from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
 
 
@@ -116,7 +115,7 @@ def main():
     args, overrides = p.parse_known_args()
     device = "cpu" if not torch.cuda.is_available() else "cuda"
     base = {"device": device, "compile": False} if device == "cpu" else {}
-    cfg = parse_config(train.DEFAULTS, [args.config] + [f"--{k}={v}" for k, v in base.items()] + overrides, prog="bench/train.py")
+    cfg = TRAIN.parse([args.config] + [f"--{k}={v}" for k, v in base.items()] + overrides)
     # CPU timings drift by +-20% between runs on shared machines: alternate the two programs and
     # keep each one's best median, so a slow phase does not decide the comparison
     best, best2 = None, None

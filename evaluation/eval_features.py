@@ -1,5 +1,5 @@
 """How often a model's stories contain a feature they were asked for: the fine-tuning study's
-"generation score" (../shared/spec/tinystories-data.md §13).
+"generation score" (docs/evaluation.md).
 
     python evaluation/eval_features.py --checkpoint=out/ckpt.pt --feature=Twist --prompts_from=filter-adv-Twist
     python evaluation/eval_features.py ... --judge=llm --judge_url=http://127.0.0.1:8000/v1 --judge_model=gpt-3.5-turbo
@@ -30,60 +30,36 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tinylab.config import Key
+from tinylab.dataset_spec import FEATURES
+from tinylab.errors import UserError, cli_main
+from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
+from tinylab.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
+from tinylab.fileio import write_atomic
+from tinylab.lm_eval import generate_rows
+from tinylab.pretokenized import check_dataset
+from tinylab.schema import EVAL, MAX_NEW_TOKENS, TEMPERATURE, TOP_K
 
-from tinylab.dataset_spec import FEATURES  # noqa: E402
-from tinylab.errors import UserError, cli_main  # noqa: E402
-from tinylab.eval_common import (
-    cache_dir_of,
-    check_positive,
-    emit,
-    layout_vocab,
-    load_for_args,
-    model_parser,
-    write_atomic,
-)
-from tinylab.feature_judge import (
-    EXAMPLES,
-    QUESTIONS,
-    FeatureScore,
-    asks_for,
-    check_feature,
-    generate_rows,
-    make_judge,
-    wilson_ci,
-)
-
-# ---------------------------------------------------------------------- the offline classifier
-
-
-# ---------------------------------------------------------------------- the LLM judge
-
-assert set(QUESTIONS) == set(EXAMPLES) == set(FEATURES)
-
-
-# ---------------------------------------------------------------------- scoring generations
+SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", [
+    Key("feature", "Twist", "the feature asked for and judged", choices=FEATURES),
+    Key("prompts_from", None, "pretokenized dataset whose test headers are the prompts", type=str, required=True,
+        nonempty=True),
+    Key("num_samples", 64, "stories generated", range="[1, inf)"),
+    MAX_NEW_TOKENS.replace(range="[1, inf)", help="tokens generated per story"), TEMPERATURE, TOP_K,
+    Key("judge", "classifier", "classifier (offline, trained on the corpus's labels) | llm (an OpenAI-compatible "
+        "API)", choices=("classifier", "llm")),
+    Key("judge_url", "", "llm judge: base URL of an OpenAI-compatible API (.../v1)"),
+    Key("judge_model", "gpt-3.5-turbo", "llm judge: model name"),
+    Key("judge_timeout", 30.0, "llm judge: seconds per request before giving up", range="(0, inf)"),
+    Key("judge_cache", "", "llm judge: JSONL file of cached replies"),
+    Key("generations_out", "", "also write each prompt, story and verdict (JSONL)"),
+])])
 
 
 def main(argv=None):
-    p = model_parser(__doc__)
-    p.add_argument("--feature", default="Twist", help=f"one of {', '.join(FEATURES)}")
-    p.add_argument("--prompts_from", required=True, help="pretokenized dataset whose test headers are the prompts")
-    p.add_argument("--num_samples", type=int, default=64)
-    p.add_argument("--max_new_tokens", type=int, default=350)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top_k", type=int, default=0, help="0 = no top-k filtering")
-    p.add_argument("--judge", default="classifier", choices=["classifier", "llm"])
-    p.add_argument("--judge_url", default="", help="llm judge: base URL of an OpenAI-compatible API (…/v1)")
-    p.add_argument("--judge_model", default="gpt-3.5-turbo")
-    p.add_argument("--judge_timeout", type=float, default=30.0, help="seconds per request before giving up")
-    p.add_argument("--judge_cache", default="", help="llm judge: JSONL file of cached replies")
-    p.add_argument("--generations_out", default="", help="also write each prompt, story and verdict (JSONL)")
-    from tinylab.pretokenized import check_dataset
-    a = p.parse_args(argv)
+    a = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n\n")[0]))
     # every input is checked before the expensive work: loading the model, training the classifier,
     # generating the stories
-    check_feature(a.feature)
-    check_positive(num_samples=a.num_samples, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
     llm = None
     if a.judge == "llm":  # the URL's form, the timeout and the cache file
         llm = make_judge(a.feature, "", "llm", a.judge_url, a.judge_model, a.judge_timeout, a.judge_cache)

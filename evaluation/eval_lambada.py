@@ -1,4 +1,4 @@
-"""LAMBADA last-word accuracy and target-word perplexity (../shared/spec/interop.md §6).
+"""LAMBADA last-word accuracy and target-word perplexity (docs/evaluation.md).
 
     python evaluation/eval_lambada.py --checkpoint=out/ckpt.pt --data=lambada_test.jsonl   # OpenAI jsonl
     python evaluation/eval_lambada.py --checkpoint=out/ckpt.pt --data=hf                   # HF `lambada` test
@@ -18,19 +18,21 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-from tinylab.errors import UserError, cli_main  # noqa: E402
-from tinylab.eval_common import check_positive, emit, load_for_args, model_parser
+from tinylab.config import Key
+from tinylab.errors import UserError, cli_main
+from tinylab.eval_common import emit, load_for_args
 from tinylab.lambada import lambada_items, load_passages, score_items, summarize
+from tinylab.schema import EVAL
+
+SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
+    Key("data", "hf", "'hf' (the HF `lambada` test split), 'hf:NAME' (another HF dataset with a text column), or a "
+        "local .jsonl / .txt / .parquet file", nonempty=True),
+    Key("max_passages", 0, "only the first N passages; 0 = all", range="[0, inf)"),
+])])
 
 
 def main(argv=None):
-    p = model_parser(__doc__)
-    p.add_argument("--data", default="hf", help="'hf' (the HF `lambada` test split), 'hf:NAME' (another HF "
-                                                "dataset with a text column), or a local .jsonl/.txt/.parquet file")
-    p.add_argument("--max_passages", type=int, default=0, help="only the first N passages (0 = all)")
-    a = p.parse_args(argv)
-    check_positive(batch_size=a.batch_size)
+    a = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n\n")[0]))
     model, ckpt, tok = load_for_args(a)
     passages = load_passages(a.data)
     if a.max_passages:

@@ -1,4 +1,4 @@
-"""Rank-classification evaluation (T0's zero-shot protocol, spec t0-finetuning.md §10).
+"""Rank-classification evaluation (T0's zero-shot protocol, docs/t0.md).
 
     python evaluation/eval_rank.py --checkpoint=out/t0 --mixture=data/t0/mixture.json
     python evaluation/eval_rank.py --checkpoint=out/base --data=rte=data/t0/rte_valid.jsonl \
@@ -12,7 +12,7 @@ lowest index), and accuracy is reported per group (a dataset x prompt) as `acc`,
 over held-out groups (datasets no training source of the mixture has) and over seen ones, and
 per dataset over its prompts. Last stdout line: {"prefixlm", "score_eos", "groups", "summary"}.
 
-Choices are tokenised exactly as training targets (t0_data.ExampleEncoder: one space after the
+Choices are tokenised exactly as training targets (tinylab/t0_data.ExampleEncoder: one space after the
 prompt, no EOS unless --score_eos); the tokenisation settings and prefixlm come from the
 checkpoint's config when it was finetuned with finetune_t0.py. Each (prompt, choice) is its own
 right-padded row with its own attention mask and positions 0.., so batched scores equal scores
@@ -23,16 +23,24 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab.config import ArgParser
-from tinylab.errors import UserError, cli_main  # noqa: E402
+from tinylab.config import Key
+from tinylab.errors import UserError, cli_main
+from tinylab.eval_common import emit, load_for_args
 from tinylab.rank_eval import rank_accuracy, rank_examples, summarize
-from tinylab.t0_data import TOKENIZATION_DEFAULTS, ExampleEncoder  # noqa: E402
+from tinylab.schema import EVAL, FINETUNE_T0
+from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
 
-# ---------------------------------------------------------------------- command line
+SCHEMA = EVAL.derive("evaluation/eval_rank.py", sections=[("rank classification", [
+    Key("mixture", "", "evaluate the valid groups of this mixture file"),
+    Key("data", [], "NAME=PATH of a json/jsonl/parquet file (repeatable)"),
+    Key("max_examples", 0, "per group, a seeded subset; 0 = all", range="[0, inf)"),
+    Key("prefixlm", None, "prefix-LM attention over the prompt (default: the checkpoint's config)", type=bool),
+    Key("score_eos", False, "score each choice's EOS too"),
+])])
+
 
 def _groups_from_args(args):
     """[(Source, held_out)] from --mixture (its valid groups) and --data NAME=PATH entries."""
-    from tinylab.t0_data import Source, is_held_out, load_mixture
     groups = []
     if args.mixture:
         train, valid = load_mixture(args.mixture)
@@ -48,29 +56,13 @@ def _groups_from_args(args):
 
 
 def main(argv=None):
-    from tinylab.eval_common import (
-        add_model_args,
-        check_positive,
-        emit,
-        load_model,
-        load_tokenizer,
-    )
-    from tinylab.t0_data import read_records
-    p = ArgParser(description=__doc__.split("\n")[0])
-    add_model_args(p)
-    p.add_argument("--mixture", default="", help="evaluate the valid groups of this mixture file")
-    p.add_argument("--data", action="append", default=[], help="NAME=PATH of a json/jsonl/parquet file (repeatable)")
-    p.add_argument("--max_examples", type=int, default=0, help="per group, a seeded subset (0 = all)")
-    p.add_argument("--prefixlm", default=None, choices=["True", "False"], help="default: the checkpoint's config")
-    p.add_argument("--score_eos", action="store_true", help="score each choice's EOS too")
-    args = p.parse_args(argv)
-    check_positive(batch_size=args.batch_size)
+    args = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n")[0]))
     groups = _groups_from_args(args)
-    model, ckpt = load_model(args.checkpoint, args.device, args.dtype)
-    tok = load_tokenizer(ckpt, model, args.checkpoint, args.tokenizer_model, args.data_cache_dir)
-    cfg = ckpt.get("config", {})
-    encoder = ExampleEncoder(tok, **{k: cfg.get(k, v) for k, v in TOKENIZATION_DEFAULTS.items()})
-    prefixlm = cfg.get("prefixlm", False) if args.prefixlm is None else args.prefixlm == "True"
+    model, ckpt, tok = load_for_args(args)
+    # the tokenisation settings of a finetune_t0.py checkpoint, else finetune_t0.py's defaults
+    cfg = {**FINETUNE_T0.defaults(), **(ckpt.get("config") or {})}
+    encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
+    prefixlm = cfg["prefixlm"] if args.prefixlm is None else args.prefixlm
     results, accs, held = {}, {}, set()
     for src, held_out in groups:
         examples, skipped = rank_examples(read_records(src), encoder, args.score_eos, args.max_examples, args.seed)

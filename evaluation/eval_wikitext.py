@@ -1,4 +1,4 @@
-"""WikiText perplexity of a checkpoint, with a sliding window (../shared/spec/interop.md §5).
+"""WikiText perplexity of a checkpoint, with a sliding window (docs/evaluation.md).
 
     python evaluation/eval_wikitext.py --checkpoint=out/ckpt.pt                      # HF wikitext-103-raw-v1 test
     python evaluation/eval_wikitext.py --checkpoint=out/ckpt.pt --data=test.txt --stride=256
@@ -18,41 +18,37 @@ Reported: token-level perplexity exp(sum NLL / scored tokens) (depends on the to
 bits per UTF-8 byte of the text, sum NLL / (ln 2 * bytes) (comparable across tokenizers).
 Last stdout line: {"ppl", "bpb", "tokens"}.
 """
-import argparse
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-from tinylab.errors import UserError, cli_main  # noqa: E402
-from tinylab.eval_common import (
-    check_positive,
-    emit,
-    load_for_args,
-    load_hf_rows,
-    model_parser,
-    read_rows,
-)
+from tinylab.config import Key
+from tinylab.errors import UserError, cli_main
+from tinylab.eval_common import emit, load_for_args, load_hf_rows, read_rows
 from tinylab.perplexity import sliding_window_nll, token_stream
+from tinylab.schema import EVAL
+
+SCHEMA = EVAL.derive("evaluation/eval_wikitext.py", sections=[("WikiText", [
+    Key("data", "hf", "'hf' (wikitext-103-raw-v1 test via `datasets`) or a local text / .jsonl / .parquet file",
+        nonempty=True),
+    Key("stride", 0, "tokens between window starts; 0 = the window", range="[0, inf)"),
+    Key("window", 0, "tokens per window; 0 = the model's max_seq_len", range="[0, inf)"),
+    Key("join", "rows", "rows: tokenize rows one by one and concatenate | text: join with blank lines, tokenize once",
+        choices=("rows", "text")),
+    Key("bos", True, "prepend BOS to every window (--no-bos: the plain block evaluation)"),
+    Key("max_rows", 0, "only the first N rows; 0 = all", range="[0, inf)"),
+])])
 
 
 def main(argv=None):
-    p = model_parser(__doc__)
-    p.add_argument("--data", default="hf", help="'hf' (wikitext-103-raw-v1 test via `datasets`) or a local "
-                                                "text / .jsonl / .parquet file")
-    p.add_argument("--stride", type=int, default=0, help="tokens between window starts (default: the window)")
-    p.add_argument("--window", type=int, default=0, help="tokens per window (default: the model's max_seq_len)")
-    p.add_argument("--join", choices=["rows", "text"], default="rows")
-    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True,
-                   help="prepend BOS to every window (default on)")
-    p.add_argument("--max_rows", type=int, default=0, help="only the first N rows (0 = all)")
-    a = p.parse_args(argv)
+    a = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n\n")[0]))
     model, ckpt, tok = load_for_args(a)
     window = a.window or model.params.max_seq_len
     stride = a.stride or window
-    check_positive(window=window, stride=stride, batch_size=a.batch_size)
+    if stride > window:
+        raise UserError(f"--stride={stride} exceeds the window of {window} tokens (tokens would go unscored)")
     if window > model.params.max_seq_len:
         raise UserError(f"--window={window} exceeds the model's max_seq_len={model.params.max_seq_len}")
     rows = load_hf_rows("wikitext", "wikitext-103-raw-v1", "test") if a.data == "hf" else read_rows(a.data)

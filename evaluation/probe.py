@@ -1,5 +1,5 @@
 """Per-layer linear probes: can the six story features be read off a frozen model's hidden states?
-(../shared/spec/tinystories-data.md §13)
+(docs/evaluation.md)
 
     python evaluation/probe.py --checkpoint=out/ckpt.pt --dataset=pretrain-all
 
@@ -19,33 +19,29 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from tinylab.errors import cli_main  # noqa: E402
-from tinylab.eval_common import (
-    cache_dir_of,
-    check_positive,
-    emit,
-    layout_vocab,
-    load_for_args,
-    model_parser,
-)
+from tinylab.config import Key
+from tinylab.errors import cli_main
+from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
+from tinylab.pretokenized import check_dataset, dataset_dir
 from tinylab.probes import LABEL_NAMES, layers_json, run_probes
+from tinylab.schema import EVAL
+
+SCHEMA = EVAL.derive("evaluation/probe.py", sections=[("probes", [
+    Key("dataset", None, "pretokenized dataset with honest Features lines (e.g. pretrain-all)", type=str,
+        required=True, nonempty=True),
+    Key("num_train", 2000, "train-split stories for fitting the probes", range="[1, inf)"),
+    Key("num_test", 500, "test-split stories for measuring them", range="[1, inf)"),
+    Key("iters", 2000, "Adam steps of the probes", range="[1, inf)"),
+    Key("lr", 1e-3, "the probes' learning rate", range="(0, inf)"),
+    Key("probe_batch_size", 128, "pooled states per probe step", range="[1, inf)"),
+    Key("pool", 10, "mean over this many last real positions", range="[1, inf)"),
+])])
 
 
 def main(argv=None):
-    from tinylab.pretokenized import check_dataset, dataset_dir
-    p = model_parser(__doc__)
-    p.add_argument("--dataset", required=True, help="pretokenized dataset with honest Features lines (e.g. pretrain-all)")
-    p.add_argument("--num_train", type=int, default=2000, help="train-split stories for fitting the probes")
-    p.add_argument("--num_test", type=int, default=500, help="test-split stories for measuring them")
-    p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--probe_batch_size", type=int, default=128)
-    p.add_argument("--pool", type=int, default=10, help="mean over this many last real positions")
-    a = p.parse_args(argv)
-    check_positive(num_train=a.num_train, num_test=a.num_test, iters=a.iters, lr=a.lr,
-                   probe_batch_size=a.probe_batch_size, pool=a.pool, batch_size=a.batch_size)
+    a = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n\n")[0]))
     model, ckpt, tok = load_for_args(a)
     cache, vocab = cache_dir_of(ckpt, a.data_cache_dir), layout_vocab(ckpt, tok)
     check_dataset(cache, vocab, a.dataset, tok.model_path)

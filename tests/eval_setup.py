@@ -11,7 +11,6 @@ from model import ModelArgs, Transformer
 from tinylab import checkpoint as ckpt_lib
 
 
-
 def make_corpus(root, num_shards=3, stories_per_shard=300, seed=0):
     """root: raw shards, tok8192.model, and the datasets pretrain-all and filter-adv-Twist."""
     from tinylab import tinystories_data as tinystories

@@ -10,7 +10,6 @@ from model import ModelArgs, Transformer
 from tinylab import checkpoint as ckpt_lib
 
 
-
 def make_t0_setup(root):
     """root/demo/mixture.json (+ task files) and root/base/ckpt.pt; returns (mixture, base_dir)."""
     from tinylab.t0_demo import write_demo_data

@@ -216,11 +216,12 @@ def test_corrupt_judge_caches_are_one_line_errors(corpus, ckpt, tmp_path):
 def test_inputs_are_checked_before_the_judge_and_generation(corpus, ckpt, monkeypatch):
     """A bad --prompts_from must not cost a classifier training (nor cache one), and a dead
     --judge_url must fail before the stories are generated, not after."""
-    import tinylab.feature_judge as EF
+    import evaluation.eval_features as EF
+    import tinylab.feature_judge as judges
 
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work before the inputs were checked")
-    monkeypatch.setattr(EF.ClassifierJudge, "for_data", forbidden)
+    monkeypatch.setattr(judges.ClassifierJudge, "for_data", forbidden)
     monkeypatch.setattr(EF, "generate_rows", forbidden)
     base = [f"--checkpoint={ckpt}", "--device=cpu", "--max_new_tokens=8"]
     with pytest.raises(UserError, match="no-such-set.*pretokenize"):
@@ -293,7 +294,7 @@ def test_bad_input(corpus, ckpt, tmp_path):
     assert_one_line_error(run_cli(["evaluation/eval_features.py"] + base + ["--feature=twist", "--prompts_from=filter-adv-Twist"]),
                           "did you mean 'Twist'")
     cases = [
-        (base + ["--feature=Sarcasm", "--prompts_from=filter-adv-Twist"], "not a feature"),
+        (base + ["--feature=Sarcasm", "--prompts_from=filter-adv-Twist"], "--feature='Sarcasm': must be one of"),
         (base + ["--prompts_from=no-such-set"], "pretokenize"),
         ([f"--checkpoint={tmp_path}/x.pt", "--prompts_from=filter-adv-Twist"], "checkpoint not found"),
         (base + ["--prompts_from=filter-adv-Twist", "--judge=llm", "--judge_url=localhost:1"], "--judge_url"),

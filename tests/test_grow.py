@@ -25,11 +25,11 @@ from tinylab.optim import (
     optimizer_param_names,
     set_lr,
 )
-from tinylab.schema import TRAIN_DEFAULTS
+from tinylab.schema import TRAIN
 
 VOCAB, T = 61, 16
-CFG = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-6, grad_clip=0.5,
-           warmup_iters=3, max_iters=60, min_lr=1e-3, optimizer="adamw")
+CFG = dict(TRAIN.defaults(), learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-6,
+           grad_clip=0.5, warmup_iters=3, max_iters=60, min_lr=1e-3, optimizer="adamw")
 
 
 def tiny(kv=None, tie=True, dtype=torch.float64, seed=0, n_layers=2, **kw):
@@ -92,7 +92,7 @@ def train_steps(m, opt, data, start=0, overrides=None, rewarmup=None, cfg=CFG, c
 
 
 def grown(ckpt, doubling="weights", **kw):
-    return grow.grow_checkpoint(ckpt, grow.GrowthOptions(doubling=doubling, **kw))
+    return grow.grow_checkpoint(ckpt, grow.GrowthOptions(doubling=doubling, **kw), ckpt["config"])
 
 
 # ---------------------------------------------------------------------- function preservation
@@ -437,7 +437,7 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     rows = train_losses(wide)
     assert sorted(rows) == list(range(8, 16))  # position 8 -> 4: the run lasts 4 more iterations
     lrs = {r["iter"]: r["lr"] for r in records(wide, "train")}
-    cfg = {**TRAIN_DEFAULTS, **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
+    cfg = {**TRAIN.defaults(), **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
     # §6.3 with S_target = 4, R_w = 2: 0 at the first step after growth, then half of lr_target(6)
     assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
@@ -497,13 +497,13 @@ def test_bad_input(tmp_path, monkeypatch):
     # in-run schedule mistakes stop train.py before training
     for sched, frag in (("6:heads", "doubling"), ("x:weights", "ITER"), ("0:weights", ">= 1"), ("3:weights,3:layers", "once")):
         with pytest.raises(UserError, match=frag):
-            grow.parse_grow_schedule({"grow_schedule": sched, "max_iters": 10})
+            grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": sched, "max_iters": 10})
     with pytest.raises(UserError, match="width-only"):
-        grow.parse_grow_schedule({"grow_schedule": "3:layers", "grow_mode": "exact", "max_iters": 10})
+        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "grow_mode": "exact", "max_iters": 10})
     with pytest.raises(UserError, match="dropout"):
-        grow.parse_grow_schedule({"grow_schedule": "3:weights", "grow_mode": "exact", "dropout": 0.1, "max_iters": 10})
+        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:weights", "grow_mode": "exact", "dropout": 0.1, "max_iters": 10})
     with pytest.raises(UserError, match="adamw"):
-        grow.parse_grow_schedule({"grow_schedule": "3:layers", "optimizer": "adafactor", "max_iters": 10})
+        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "optimizer": "adafactor", "max_iters": 10})
 
 
 def grow_fails(tmp_path, ckpt, fragment, *args, out=None):

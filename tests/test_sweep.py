@@ -16,8 +16,7 @@ import pytest
 from conftest import REPO, assert_one_line_error, run_cli
 
 from tinylab import sweeps as sweep
-from tinylab.config import parse_config
-from tinylab.schema import TRAIN_DEFAULTS
+from tinylab.schema import TRAIN
 
 # a program with the interface sweep.py relies on: DEFAULTS (importable without side effects),
 # the configurator, out_dir/metrics.jsonl; batch_size=13 fails on purpose
@@ -26,8 +25,8 @@ FAKE_PROGRAM = textwrap.dedent('''
     DEFAULTS = {"learning_rate": 1e-3, "batch_size": 8, "out_dir": "out/{batch_size}", "wandb_log": False,
                 "dataset_name": "a", "use_x": True}
     if __name__ == "__main__":
-        from tinylab.config import parse_config
-        cfg = parse_config(DEFAULTS)
+        from tinylab.config import Schema
+        cfg = Schema.from_defaults("fake_train.py", DEFAULTS).parse()
         os.makedirs(cfg["out_dir"], exist_ok=True)
         with open(os.path.join(cfg["out_dir"], "metrics.jsonl"), "a") as f:
             for it in range(3):
@@ -113,7 +112,7 @@ def test_expanded_args_parse_in_our_configurator():
               "decay_lr": False, "eval_dataset_names": ["x", "y"], "min_lr": 1e-5, "dropout": 0.1}
     argv = sweep.build_command(sweep.DEFAULT_COMMAND, "train.py", values, "unused.json")
     assert argv[:3] == ["/usr/bin/env", "python", "train.py"]
-    cfg = parse_config(TRAIN_DEFAULTS, argv[3:])
+    cfg = TRAIN.parse(argv[3:])
     for k, v in values.items():
         assert cfg[k] == v and type(cfg[k]) is type(v), k
 
@@ -287,7 +286,7 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path, yaml_text, fragment):
 # ---------------------------------------------------------------------- the repository's sweeps
 
 def test_repository_sweeps_match_train_config_keys():
-    """Every sweeps/*.yaml expands, against train.py's real DEFAULTS and config files."""
+    """Every sweeps/*.yaml expands, against train.py's real schema and config files."""
     files = sorted(glob.glob(os.path.join(REPO, "sweeps", "*.yaml")))
     assert files, "no sweeps/*.yaml"
     for path in files:

@@ -12,11 +12,10 @@ from t0_setup import TOK8192, make_t0_setup, read_metrics, t0_args, train_losses
 
 import finetune_t0
 from tinylab import checkpoint as ckpt_lib
-from tinylab.config import parse_config
 from tinylab.errors import UserError
-from tinylab.schema import T0_DEFAULTS
+from tinylab.schema import FINETUNE_T0, prepare_t0
 from tinylab.t0_data import ExampleEncoder, load_mixture
-from tinylab.t0_finetune import T0Data, T0Evaluator, apply_presets
+from tinylab.t0_finetune import T0Data, T0Evaluator
 from tinylab.tokenizer import Tokenizer
 from tinylab.trainer import Run
 
@@ -54,7 +53,7 @@ def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
 
 def test_validation_rows_are_fixed_and_groups_separate(setup):
     mixture, base = setup
-    cfg = parse_config(T0_DEFAULTS, t0_args(mixture, base, "unused", max_seq_len=128))
+    cfg = FINETUNE_T0.parse(t0_args(mixture, base, "unused", max_seq_len=128))
     enc = ExampleEncoder(Tokenizer(TOK8192))
     data = T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
     model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
@@ -87,9 +86,9 @@ def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
 
 
 def test_presets_fill_finetuning_keys_unless_set():
-    cfg = apply_presets({**T0_DEFAULTS, "adafactor_preset": "bloomz_adam"})
+    cfg = prepare_t0({**FINETUNE_T0.defaults(), "adafactor_preset": "bloomz_adam"})
     assert (cfg["loss_normalization"], cfg["learning_rate"], cfg["weight_decay"]) == ("example", 2e-5, 1e-4)
-    cfg = apply_presets({**T0_DEFAULTS, "adafactor_preset": "bloomz_adam",
+    cfg = prepare_t0({**FINETUNE_T0.defaults(), "adafactor_preset": "bloomz_adam",
                                      "loss_normalization": "token_microbatch"})
     assert cfg["loss_normalization"] == "token_microbatch"
 

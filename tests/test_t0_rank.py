@@ -16,7 +16,6 @@ from tinylab.t0_data import ExampleEncoder
 from tinylab.tokenizer import Tokenizer
 
 
-
 def tiny_model(vocab=67, max_seq_len=40):
     torch.manual_seed(0)
     return Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, multiple_of=16,

@@ -196,7 +196,7 @@ def test_bad_input_errors(corpus, tmp_path):
     assert_one_line_error(run_cli(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
     assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="resume_train")), "no checkpoint")
     assert_one_line_error(run_cli(tiny_args(corpus, out, vocab_size=512)), "512")
-    assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="foo")), "init_from must be")
+    assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="foo")), "--init_from='foo': must be one of")
 
 
 def test_wandb_offline_and_broken_wandb_never_stop_training(corpus, tmp_path):

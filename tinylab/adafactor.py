@@ -47,18 +47,8 @@ a different algorithm in the places our presets depend on:
 So presets written for HF/T5 (`t0`, `hf_t5`) would silently change meaning; torch's class is used
 in the tests only as a cross-check where the two agree.
 
-Config glue (every driver): `apply_optimizer_preset(cfg)` fills in a preset's settings
-(`adafactor_preset`), and `adafactor_from_config(model, cfg, overrides)` (called by
-optim.build_optimizer for optimizer=adafactor) builds the optimizer from these config keys:
-    optimizer                  "adamw" | "adafactor"
-    adafactor_preset           "" | "t0" | "hf_t5" | "bloomz_adam"
-    adafactor_scale_parameter  bool   (default True)
-    adafactor_relative_step    bool   (default False: the trainer's learning_rate/schedule is used)
-    adafactor_warmup_init      bool   (default False; needs relative_step)
-    adafactor_clip_threshold   float  (default 1.0)
-    adafactor_decay_rate       float  (default -0.8)
-    adafactor_beta1            float  (default 0.0, meaning no first moment)
-plus the shared learning_rate and weight_decay (decay only on >= 2-D parameters, as for AdamW).
+The config keys (adafactor_preset, adafactor_scale_parameter, ...) and the presets are optim.py's
+(`adafactor_from_config`, `apply_optimizer_preset`); this module is the optimizer alone.
 """
 import math
 
@@ -269,5 +259,4 @@ class Adafactor(torch.optim.Optimizer):
                     self.state[p][k] = v.to(device=p.device, dtype=cdt, copy=True)
 
 
-# --- presets ---------------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """What the evaluation CLIs share: the model (our checkpoint or an HF Llama folder, imported in
-memory), its tokenizer, the common flags, and the one machine-readable output line.
+memory), its tokenizer, local and hub text data, and the one machine-readable output line (their
+common flags are schema.py's EVAL).
 
 Every CLI ends its stdout with one JSON line of its metrics (and writes the same object to
 --out=FILE when asked), so scripts read the last line and people read the summary above it.
 """
-import argparse
 import json
 import os
 
@@ -12,31 +12,10 @@ import torch
 
 from tinylab import hub
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
-from tinylab.config import ArgParser
 from tinylab.errors import UserError, first_line
 from tinylab.fileio import write_atomic
-from tinylab.progress import progress  # noqa: F401  (re-exported for the CLIs)
-
-
-def model_parser(doc: str) -> argparse.ArgumentParser:
-    """An ArgParser (one-line errors) described by the module docstring's first paragraph, with
-    the flags every evaluation CLI takes."""
-    return add_model_args(ArgParser(description=doc.split("\n\n")[0]))
-
-
-def add_model_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--checkpoint", default="out/ckpt.pt",
-                   help="our checkpoint (ckpt.pt or its folder) or a Hugging Face Llama folder")
-    p.add_argument("--tokenizer_model", default="",
-                   help="sentencepiece .model (default: the one the checkpoint's config names)")
-    p.add_argument("--data_cache_dir", default="",
-                   help="where tokenizers and datasets live (default: the checkpoint's config)")
-    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--out", default="", help="also write the metrics JSON to this file")
-    return p
+from tinylab.interop import imported_checkpoint, read_hf
+from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
 
 
 def is_hf_dir(path: str) -> bool:
@@ -48,7 +27,6 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
     """(frozen model in eval mode, checkpoint dict). An HF Llama folder is imported in memory
     with export.py's importer, so its checkpoint has no training config."""
     if is_hf_dir(path):
-        from tinylab.interop import imported_checkpoint, read_hf
         args, state = read_hf(path)
         ckpt = imported_checkpoint(args, state, f"hf:{path}")
     else:
@@ -60,15 +38,14 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
 
 
 def load_for_args(a):
-    """(model, checkpoint, tokenizer) for a model_parser's parsed flags."""
+    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's)."""
     model, ckpt = load_model(a.checkpoint, a.device, a.dtype)
-    return model, ckpt, load_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)
+    return model, ckpt, model_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)
 
 
-def load_tokenizer(ckpt: dict, model, checkpoint_path: str, tokenizer_model: str = "", data_cache_dir: str = ""):
+def model_tokenizer(ckpt: dict, model, checkpoint_path: str, tokenizer_model: str = "", data_cache_dir: str = ""):
     """The tokenizer the checkpoint was trained with (an HF folder's own tokenizer.model), or an
     explicit file; its size must match the model's vocabulary."""
-    from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
     if not tokenizer_model and is_hf_dir(checkpoint_path):
         tokenizer_model = os.path.join(checkpoint_path, "tokenizer.model")
         if not os.path.isfile(tokenizer_model):
@@ -87,12 +64,6 @@ def cache_dir_of(ckpt: dict, data_cache_dir: str = "") -> str:
 def layout_vocab(ckpt: dict, tokenizer) -> int:
     """The vocab number of the dataset folders the model reads (tok{V}/; 0 = Llama 2 -> llama2/)."""
     return 0 if ckpt.get("config", {}).get("vocab_source") == "llama2" else tokenizer.vocab_size
-
-
-def check_positive(**values):
-    for name, v in values.items():
-        if v is None or v <= 0:
-            raise UserError(f"--{name} must be positive, got {v}")
 
 
 def right_pad(seqs, value=0) -> torch.Tensor:

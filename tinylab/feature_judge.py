@@ -8,19 +8,19 @@ import random
 import re
 import time
 from collections import Counter
-from types import SimpleNamespace
 
-import torch  # noqa: E402
+import torch
 
-from tinylab.dataset_spec import (  # noqa: E402
+from tinylab.dataset_spec import (
+    FEATURES,
     STORY_FEATURES,
     _check_feature,
     feature_labels,
     header_fields,
     raw_data_dir,
 )
-from tinylab.errors import UserError, first_line  # noqa: E402
-from tinylab.eval_common import layout_vocab, write_atomic
+from tinylab.errors import UserError, first_line
+from tinylab.eval_common import write_atomic
 from tinylab.progress import progress
 
 
@@ -216,6 +216,7 @@ EXAMPLES = {
                  "In the end they took turns.",
                  "Zoe and Ben struggle over the swing: that is a conflict."),
 }
+assert set(QUESTIONS) == set(EXAMPLES) == set(FEATURES)  # one question and two examples per feature
 
 
 def judge_messages(feature: str, story: str) -> list:
@@ -372,20 +373,3 @@ class FeatureScore:
             out["gen_feature_judge_accuracy"] = self.judge.accuracy
         return out
 
-
-def generate_rows(model, tokenizer, ckpt, data_cache_dir, dataset, num_samples, batch_size, max_new_tokens,
-                  temperature, top_k, seed):
-    """Generation rows for the first num_samples BOS-aligned test prompts of `dataset`, made by
-    train.py's own generation evaluation (same prompt choice, sampling and story extraction)."""
-    from tinylab.lm_eval import LMEvaluator
-    from tinylab.pretokenized import check_dataset, dataset_dir
-    from tinylab.schema import TRAIN_DEFAULTS as DEFAULTS
-    vocab = layout_vocab(ckpt, tokenizer)
-    check_dataset(data_cache_dir, vocab, dataset, tokenizer.model_path)
-    cfg = dict(DEFAULTS, data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom",
-               vocab_size=vocab, dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len,
-               seed=seed, generation_batch_size=batch_size, generation_eval_iters=math.ceil(num_samples / batch_size),
-               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
-    run = SimpleNamespace(device=str(next(model.parameters()).device), master=True)
-    rows = LMEvaluator(cfg, run, tokenizer).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)
-    return rows[:num_samples]

@@ -5,7 +5,7 @@ cursor) to twice the width or twice the depth, preserving the model's function e
     python grow.py --doubling layers  --resume out/ckpt.pt --out_dir out_deep   # depth x2
     python train.py configs/x.py --init_from=resume_train --out_dir=out_wide    # continue
 
-Math and rationale: ../shared/spec/growth.md (sections cited as §).
+Math and rationale: docs/growth.md (sections cited as §).
   - width (§3): dim, heads, kv heads and FFN hidden size doubled, head size kept (RoPE and the score
     scale unchanged); every matrix in the block form [[A, B], [C, D]] with A + B = C + D = W;
     embedding columns and RMSNorm gains duplicated; the final gain halved for a tied head, the
@@ -95,10 +95,9 @@ class GrowthOptions:
     @classmethod
     def from_config(cls, cfg, doubling, seed):
         """Options for in-run growth from train.py's grow_* config keys."""
-        return cls(doubling=doubling, mode=cfg.get("grow_mode", "target"),
-                   symmetry_breaking=cfg.get("grow_symmetry_breaking", ""), seed=seed,
-                   c_width=cfg.get("grow_c_width", 1.776), c_depth=cfg.get("grow_c_depth", 1.412),
-                   rewarmup_iters=cfg.get("grow_rewarmup_iters", 150)).check()
+        return cls(doubling=doubling, mode=cfg["grow_mode"], symmetry_breaking=cfg["grow_symmetry_breaking"],
+                   seed=seed, c_width=cfg["grow_c_width"], c_depth=cfg["grow_c_depth"],
+                   rewarmup_iters=cfg["grow_rewarmup_iters"]).check()
 
 
 # ---------------------------------------------------------------------- shapes
@@ -377,13 +376,12 @@ def target_schedule(ckpt, opts):
     return {"start": it, "iters": opts.rewarmup_iters, "shift": shift + s_pre - s_target}
 
 
-def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg=None) -> dict:
+def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg: dict) -> dict:
     """The grown training state as a new checkpoint dict (the input is not modified). `cfg` is the
-    training config whose optimizer settings the grown optimizer state must match (default: the
-    checkpoint's own)."""
+    whole training config whose optimizer settings the grown optimizer state must match (grow.py:
+    the checkpoint's own config over the schema's defaults)."""
     opts.check()
     check_checkpoint(ckpt)
-    cfg = {"learning_rate": 0.0, **(cfg if cfg is not None else ckpt.get("config") or {})}
     args = ModelArgs.from_dict(ckpt["model_args"])
     weights = clean_state_dict(ckpt["model"])
     if args.tie_embeddings and "output.weight" not in weights and "tok_embeddings.weight" in weights:
@@ -391,7 +389,7 @@ def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg=None) -> dict:
     small = checked_small_model(args, weights)
     new_args = grown_args(args, opts.doubling)
     check_limits(new_args)
-    if opts.mode == "exact" and (args.dropout > 0 or cfg.get("dropout", 0.0) > 0):
+    if opts.mode == "exact" and (args.dropout > 0 or cfg["dropout"] > 0):
         raise UserError("mode=exact needs dropout=0 (dropout masks differ between the halves)")
     opt_state = optimizer_state_by_name(ckpt, {n: tuple(p.shape) for n, p in small.named_parameters()})
 
@@ -401,7 +399,7 @@ def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg=None) -> dict:
             gen = torch.Generator().manual_seed(opts.seed)
             weights, new_args, opt_state, kinds = grow_width(weights, args, opt_state, opts, gen)
             if opts.mode == "exact":
-                overrides = exact_overrides(kinds, ckpt.get("param_overrides"), cfg.get("adam_eps", 1e-8))
+                overrides = exact_overrides(kinds, ckpt.get("param_overrides"), cfg["adam_eps"])
         else:
             weights, new_args, opt_state = grow_depth(weights, args, opt_state, opts)
 
@@ -470,7 +468,7 @@ def growth_point(compute, losses, threshold, window=5):
 def parse_grow_schedule(cfg) -> dict:
     """{iteration: doubling} from config grow_schedule="2000:weights,6000:layers", with the other
     grow_* keys checked up front (a mistake should stop the run before training, not at growth)."""
-    text = (cfg.get("grow_schedule") or "").strip()
+    text = cfg["grow_schedule"].strip()
     if not text:
         return {}
     schedule = {}
@@ -483,11 +481,23 @@ def parse_grow_schedule(cfg) -> dict:
             raise UserError(f"grow_schedule iteration {it} must be >= 1 and appear once")
         schedule[it] = doubling.strip()
         GrowthOptions.from_config(cfg, schedule[it], seed=0)
-    if cfg.get("optimizer", "adamw") != "adamw":
-        raise UserError(f"grow_schedule needs optimizer=adamw (growth maps AdamW state only), not {cfg.get('optimizer')}")
-    if cfg.get("grow_mode") == "exact" and cfg.get("dropout", 0.0) > 0:
+    if cfg["optimizer"] != "adamw":
+        raise UserError(f"grow_schedule needs optimizer=adamw (growth maps AdamW state only), not {cfg['optimizer']}")
+    if cfg["grow_mode"] == "exact" and cfg["dropout"] > 0:
         raise UserError("grow_mode=exact needs dropout=0 (dropout masks differ between the halves)")
     return schedule
+
+
+class GrowthHook:
+    """A Trainer step hook (train.py installs it): grow at the iterations of the schedule."""
+
+    def __init__(self, schedule: dict):
+        self.schedule = schedule  # {iteration: "weights" | "layers"}
+
+    def __call__(self, trainer, next_batch):
+        doubling = self.schedule.get(trainer.iter_num)
+        if doubling is not None:
+            grow_in_run(trainer, doubling, next_batch)
 
 
 def grow_in_run(trainer, doubling, batch):
@@ -498,10 +508,10 @@ def grow_in_run(trainer, doubling, batch):
     cfg, run = trainer.cfg, trainer.run
     before = batch_loss(trainer.raw_model, batch, run.autocast)
     small_params = trainer.raw_model.num_params()
-    opts = GrowthOptions.from_config(cfg, doubling, seed=cfg.get("seed", 0) + trainer.iter_num)
+    opts = GrowthOptions.from_config(cfg, doubling, seed=cfg["seed"] + trainer.iter_num)
     state = trainer.checkpoint_dict(loader_state=None)
     grown = grow_checkpoint(state, opts, cfg)
-    args = ModelArgs.from_dict({**grown["model_args"], "max_seq_len": cfg["max_seq_len"], "dropout": cfg.get("dropout", 0.0)})
+    args = ModelArgs.from_dict({**grown["model_args"], "max_seq_len": cfg["max_seq_len"], "dropout": cfg["dropout"]})
     model = Transformer(args).to(device=run.device, dtype=run.param_dtype)  # built in the run's precision
     load_weights(model, grown["model"])
     trainer.install(model, grown)

@@ -1,8 +1,8 @@
 """TODO docstring"""
 import math
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 from tinylab.eval_common import load_hf_rows, read_rows, right_pad
 from tinylab.progress import progress

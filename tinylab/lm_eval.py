@@ -1,25 +1,34 @@
+"""Language modelling on pretokenized TinyStories datasets (train.py): which data layout and
+tokenizer a config means, and the evaluation the loop runs every eval_interval: mean losses on
+fixed batches of named datasets, and generations from the instruction headers of test examples
+(logged as tables, optionally judged for a feature).
+"""
+import math
 import os
+from types import SimpleNamespace
 
 import torch
 
-from tinylab.dataset_spec import dataset_dir
-from tinylab.errors import UserError
-from tinylab.pretokenized import BatchLoader
+from tinylab.dataset_spec import dataset_dir, extract_story, header_end
+from tinylab.eval_common import layout_vocab
+from tinylab.feature_judge import FeatureScore, make_judge
+from tinylab.pretokenized import BatchLoader, check_dataset
+from tinylab.progress import progress
+from tinylab.schema import TRAIN
+from tinylab.tokenizer import Tokenizer, tokenizer_model_path
 
 
 def dataset_vocab(cfg):
     """The vocab number of the data layout (0 = Llama 2) and the model's vocabulary size."""
     if cfg["vocab_source"] == "llama2":
         return 0, 32000
-    if cfg["vocab_source"] != "custom":
-        raise UserError(f"vocab_source must be 'custom' or 'llama2', not '{cfg['vocab_source']}'")
     return cfg["vocab_size"], cfg["vocab_size"]
 
 
-def load_tokenizer(cfg):
-    from tinylab.tokenizer import Tokenizer, tokenizer_model_path
+def lm_tokenizer(cfg) -> Tokenizer:
+    """The tokenizer of the config's data layout (or its explicit tokenizer_model)."""
     layout_vocab, _ = dataset_vocab(cfg)
-    return Tokenizer(tokenizer_model_path(cfg["data_cache_dir"], layout_vocab, cfg.get("tokenizer_model") or None))
+    return Tokenizer(tokenizer_model_path(cfg["data_cache_dir"], layout_vocab, cfg["tokenizer_model"] or None))
 
 
 class LMEvaluator:
@@ -36,14 +45,10 @@ class LMEvaluator:
         for name in cfg["eval_dataset_names"]:
             self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
             self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
-        unknown = set(cfg.get("generation_datasets") or []) - set(self.gen_sets)
-        if unknown:
-            raise UserError(f"generation_datasets names {sorted(unknown)}, which are neither 'id' nor in eval_dataset_names")
-        if cfg.get("generation_datasets"):
+        if cfg["generation_datasets"]:  # (checked against the datasets by schema.py)
             self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in cfg["generation_datasets"]}
         self.feature_score = None
-        if cfg.get("feature_eval") and run.master:
-            from tinylab.feature_judge import FeatureScore, make_judge
+        if cfg["feature_eval"] and run.master:
             self.feature_score = FeatureScore(make_judge(cfg["feature_eval"], cfg["data_cache_dir"], flag="feature_eval"))
             print(f"feature_eval={cfg['feature_eval']}: judge {self.feature_score.judge.description}")
 
@@ -78,7 +83,6 @@ class LMEvaluator:
 
     def generate(self, model, data_dir, iter_num):
         """Sample stories for the instruction headers of BOS-aligned test examples."""
-        from tinylab.dataset_spec import extract_story, header_end
         cfg, tok = self.cfg, self.tokenizer
         n_prompts = cfg["generation_eval_iters"] * cfg["generation_batch_size"]
         windows = self.loader(data_dir, "test", cfg["generation_batch_size"], split_on_bos=True)
@@ -100,7 +104,6 @@ class LMEvaluator:
         rows = []
         gen = torch.Generator(device=self.run.device).manual_seed(cfg["seed"] + iter_num)
         bs = cfg["generation_batch_size"]
-        from tinylab.progress import progress
         for start in progress(range(0, len(prompts), bs), desc=f"generating ({os.path.basename(data_dir)})",
                               unit="batch", leave=False):
             chunk = prompts[start:start + bs]
@@ -119,3 +122,18 @@ class LMEvaluator:
                 generation = extract_story(out[i, longest:].tolist(), tok)
                 rows.append([prefix, prefix.strip(), generation, targets[start + i], iter_num])
         return rows
+
+
+def generate_rows(model, tokenizer, ckpt, data_cache_dir, dataset, num_samples, batch_size, max_new_tokens,
+                  temperature, top_k, seed):
+    """Generation rows for the first num_samples BOS-aligned test prompts of `dataset`, made by
+    train.py's own generation evaluation (same prompt choice, sampling and story extraction)."""
+    vocab = layout_vocab(ckpt, tokenizer)
+    check_dataset(data_cache_dir, vocab, dataset, tokenizer.model_path)
+    cfg = dict(TRAIN.defaults(), data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom",
+               vocab_size=vocab, dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len,
+               seed=seed, generation_batch_size=batch_size, generation_eval_iters=math.ceil(num_samples / batch_size),
+               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
+    run = SimpleNamespace(device=str(next(model.parameters()).device), master=True)
+    rows = LMEvaluator(cfg, run, tokenizer).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)
+    return rows[:num_samples]

@@ -1,15 +1,17 @@
-"""Optimizers and learning-rate schedules, shared by every driver.
+"""Optimizers, their presets and learning-rate schedules, shared by every driver.
 
-build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
+Every function here reads a whole config (schema.py's keys; callers that build one by hand start
+from `TRAIN.defaults()`). build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
 fused on CUDA and CPU, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
 parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
 (growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e,
 "weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is
 the schedule: constant, or linear warmup + cosine to min_lr, optionally moved back after growth
-with a linear re-warmup from 0 (spec §6.3).
+with a linear re-warmup from 0 (docs/growth.md §6.3). apply_optimizer_preset fills in the
+settings of a named recipe (T0's Adafactor, HF's T5 Adafactor, BLOOMZ's Adam).
 """
 import math
-import warnings
+import sys
 
 import torch
 
@@ -17,19 +19,6 @@ from tinylab.adafactor import Adafactor
 from tinylab.errors import UserError
 
 OPTIMIZERS = ("adamw", "adafactor")
-
-# optimizer keys every driver shares (each sets its own learning_rate, schedule, weight decay)
-OPTIMIZER_DEFAULTS = dict(
-    optimizer="adamw",  # adamw | adafactor
-    beta1=0.9,
-    beta2=0.95,
-    adam_eps=1e-8,
-    grad_clip=1.0,  # 0 disables clipping
-    decay_lr=True,
-    min_lr=0.0,
-    lr_decay_iters=0,  # 0: decay until max_iters
-)
-
 
 def param_groups(model, weight_decay, overrides=None):
     """Group parameters by (decay, lr_scale, eps); each group lists its parameter names."""
@@ -51,20 +40,18 @@ def param_groups(model, weight_decay, overrides=None):
 
 
 def build_optimizer(model, cfg, overrides=None):
-    """The optimizer named by cfg['optimizer'] (default adamw) over `model`'s parameters."""
-    name = cfg.get("optimizer", "adamw")
+    """The optimizer named by cfg['optimizer'] over `model`'s parameters."""
+    name = cfg["optimizer"]
     if name not in OPTIMIZERS:
         raise UserError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
     lr = cfg["learning_rate"]
     if name == "adamw":
-        groups = param_groups(model, cfg.get("weight_decay", 0.0), overrides)
+        groups = param_groups(model, cfg["weight_decay"], overrides)
         device_type = next(model.parameters()).device.type
         # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
         # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
         extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.95)),
-                                 eps=cfg.get("adam_eps", 1e-8), **extra)
-    from tinylab.optim import adafactor_from_config
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["adam_eps"], **extra)
     return adafactor_from_config(model, cfg, overrides)
 
 
@@ -96,11 +83,11 @@ def lr_at(it, cfg, rewarmup=None):
 def schedule_lr(pos, cfg):
     """The configured schedule (constant, or warmup + cosine) at schedule position `pos`."""
     lr = cfg["learning_rate"]
-    if not (cfg.get("lr_scheduling", True) and cfg.get("decay_lr", True)):
+    if not (cfg["lr_scheduling"] and cfg["decay_lr"]):
         return lr
-    warmup = cfg.get("warmup_iters", 0)
-    decay_iters = cfg.get("lr_decay_iters") or cfg["max_iters"]
-    min_lr = cfg.get("min_lr", 0.0)
+    warmup = cfg["warmup_iters"]
+    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+    min_lr = cfg["min_lr"]
     if pos < warmup:
         return lr * (pos + 1) / (warmup + 1)
     if pos > decay_iters:
@@ -129,17 +116,7 @@ def set_lr(optimizer, lr):
         g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-# Settings every driver understands when optimizer=adafactor (the trainer's defaults for them).
-ADAFACTOR_CONFIG_DEFAULTS = {
-    "adafactor_preset": "",
-    "adafactor_scale_parameter": True,
-    "adafactor_relative_step": False,
-    "adafactor_warmup_init": False,
-    "adafactor_clip_threshold": 1.0,
-    "adafactor_decay_rate": -0.8,
-    "adafactor_beta1": 0.0,
-}
-
+# ---------------------------------------------------------------------- presets
 
 _ADAFACTOR_HF = {"adafactor_clip_threshold": 1.0, "adafactor_decay_rate": -0.8,
                  "adafactor_beta1": 0.0, "adafactor_warmup_init": False,
@@ -182,7 +159,7 @@ def apply_optimizer_preset(cfg, defaults=None):
     `--adafactor_preset=t0 --learning_rate=3e-4`; `optimizer` must then agree with the preset.
     Without `defaults` the preset overwrites every key it names.
     """
-    name = cfg.get("adafactor_preset", "") or ""
+    name = cfg["adafactor_preset"]
     out = dict(cfg)
     if not name:
         return out
@@ -199,9 +176,8 @@ def apply_optimizer_preset(cfg, defaults=None):
             out[key] = value
     if name == "hf_t5":
         out["min_lr"] = out["learning_rate"]
-        warnings.warn("adafactor_preset=hf_t5 takes absolute steps (scale_parameter=False): about "
-                      "50x larger than t0's on std-0.02 matrices; keep a warmup (warmup_iters="
-                      f"{out.get('warmup_iters')})", stacklevel=2)
+        print("notice: adafactor_preset=hf_t5 takes absolute steps (scale_parameter=False), about 50x larger "
+              f"than t0's on std-0.02 matrices; keep a warmup (warmup_iters={out['warmup_iters']})", file=sys.stderr)
     return out
 
 
@@ -212,13 +188,13 @@ def adafactor_from_config(model, cfg, overrides=None):
     with relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True
     lr is None (the step size comes from the step count; learning_rate is ignored).
     """
-    c = {**ADAFACTOR_CONFIG_DEFAULTS, **cfg}
+    c = cfg
     overrides = overrides or {}
     eps_overrides = sorted(n for n, ov in overrides.items() if ov.get("eps") is not None)
     if eps_overrides:
         raise UserError(f"per-parameter eps overrides (e.g. {eps_overrides[0]}) are AdamW-only "
                         f"(exact growth continuation); use optimizer=adamw")
-    groups = param_groups(model, c.get("weight_decay", 0.0), overrides)
+    groups = param_groups(model, c["weight_decay"], overrides)
     relative = bool(c["adafactor_relative_step"])
     lr = None if relative else c["learning_rate"]
     if not relative:

@@ -1,8 +1,8 @@
 """TODO docstring"""
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from tinylab.errors import UserError  # noqa: E402
+from tinylab.errors import UserError
 from tinylab.eval_common import right_pad
 from tinylab.progress import progress
 

@@ -1,17 +1,18 @@
 """TODO docstring"""
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-from tinylab.dataset_spec import (  # noqa: E402
+from tinylab.dataset_spec import (
     FEATURES,
     STORY_FEATURES,
     feature_labels,
     header_end,
     header_fields,
 )
-from tinylab.errors import UserError  # noqa: E402
+from tinylab.errors import UserError
 from tinylab.eval_common import right_pad
+from tinylab.pretokenized import shard_paths
 from tinylab.progress import progress
 
 # probe label j is STORY_FEATURES[j]; outputs name it as the raw feature (Twist, BadEnding, ...)
@@ -21,7 +22,6 @@ LABEL_NAMES = [next(f for f in FEATURES if f.lower() == s) for s in STORY_FEATUR
 def story_examples(data_dir, split, n, seed, tokenizer, max_len):
     """Up to n (story-only ids: BOS + story tokens, at most max_len; 6 labels) from the examples of
     `split`, visiting shards in order and each shard's examples in a seeded random order."""
-    from tinylab.pretokenized import shard_paths
     bos = tokenizer.bos_id
     out = []
     for s, path in enumerate(shard_paths(data_dir, split)):

@@ -4,7 +4,7 @@ import statistics
 import numpy as np
 import torch
 
-from tinylab.t0_data import ExampleEncoder, attention_mask, position_ids, usable  # noqa: E402
+from tinylab.t0_data import ExampleEncoder, attention_mask, position_ids, usable
 
 
 def rank_examples(rows, encoder: ExampleEncoder, score_eos=False, limit=0, seed=0):

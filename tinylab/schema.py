@@ -1,121 +1,327 @@
-"""Config keys of every driver (temporary: plain default dicts; the typed schema replaces them)."""
-from tinylab.metrics import WANDB_CONFIG_DEFAULTS
-from tinylab.optim import ADAFACTOR_CONFIG_DEFAULTS, OPTIMIZER_DEFAULTS
-from tinylab.t0_data import TOKENIZATION_DEFAULTS
+"""Every config key of every program, declared once: type, default, allowed values, one-line help.
 
-TRAIN_DEFAULTS = dict(
-    # I/O
-    out_dir="out",
-    model_dir="",  # resume_model: fine-tune from model_dir/ckpt.pt
-    init_from="scratch",  # scratch | resume_train (continue out_dir) | resume_model
-    eval_interval=2000,
-    checkpoint_interval=0,  # 0: checkpoint at every eval_interval
-    log_interval=1,
-    eval_iters=100,
-    eval_batch_size=0,  # micro-batch size of the loss evaluations; 0 = batch_size
-    eval_only=False,
-    always_save_checkpoint=True,  # False: a periodic checkpoint only when loss/test improved (llama2.c)
-    save_best_model=False,  # also keep out_dir/ckpt_best.pt, the best loss/test so far
-    seed=1337,
-    **WANDB_CONFIG_DEFAULTS,  # wandb_log, wandb_project, wandb_run_name, wandb_entity, wandb_tags, wandb_mode
-    # data
-    batch_size=128,  # micro-batch size
-    max_seq_len=256,
-    vocab_source="custom",  # custom: <data_cache_dir>/tok{vocab_size}.model | llama2: the Llama 2 tokenizer
-    vocab_size=8192,
-    tokenizer_model="",  # path of the Llama 2 tokenizer.model when vocab_source=llama2
-    data_cache_dir="data",
-    dataset_name="F_none_MM_none_AT_none_RF_none_IS_none",
-    eval_dataset_names=[],  # extra datasets whose test shard is evaluated as loss/<name>
-    split_shards_pretrain=False,  # 80/20 split of the train shards into pretrain / fine-tune
-    pretraining=True,  # with split_shards_pretrain: True = first 80%, False = last 20%
-    # model
-    dim=288,
-    n_layers=6,
-    n_heads=6,
-    n_kv_heads=6,
-    multiple_of=32,
-    hidden_dim=0,  # 0: llama2.c's rule from dim and multiple_of
-    dropout=0.0,
-    tie_embeddings=True,
-    # optimizer and schedule
-    gradient_accumulation_steps=4,  # global: split across DDP processes
-    learning_rate=5e-4,
-    lr_scheduling=True,  # False: constant learning_rate (the *_no_lrs fine-tuning configs)
-    max_iters=100000,
-    weight_decay=1e-1,
-    warmup_iters=1000,
-    **OPTIMIZER_DEFAULTS,  # optimizer (adamw | adafactor), betas, eps, clipping, min_lr (optim.py)
-    **ADAFACTOR_CONFIG_DEFAULTS,  # optimizer=adafactor settings and presets (t0, hf_t5, bloomz_adam)
-    # staged training: in-run growth (grow.py; docs/growth.md)
-    grow_schedule="",  # e.g. "2000:weights,6000:layers": double width / depth after those iterations
-    grow_mode="target",  # target: schedule back to S_pre/c + LR re-warmup | exact: reproduce the small model
-    grow_symmetry_breaking="",  # random | split | blockdiag | off; "" = random (target), off (exact)
-    grow_c_width=1.776,  # S_target = S_pre / c after width growth
-    grow_c_depth=1.412,  # ... after depth growth
-    grow_rewarmup_iters=150,  # linear LR re-warmup after target-mode growth
-    # generation evaluation
-    temperature=1.0,
-    top_k=0,  # 0: no top-k filtering
-    max_new_tokens=350,
-    generation_eval_iters=1,  # prompts per dataset = generation_eval_iters * generation_batch_size
-    generation_batch_size=16,
-    generation_eval_interval_multiplier=1,  # generations every N evaluations
-    finegrained_log_iters=0,  # >0: also evaluate (with generations) often during the first N iters
-    finegrained_eval_interval=0,  # 0: finegrained_log_iters // 10
-    generation_datasets=[],  # which of "id" and eval_dataset_names get generations; [] = all of them
-    feature_eval="",  # a feature (e.g. Twist): judge generations, log gen_feature_score (evaluation/eval_features.py)
-    # system
-    device="",  # "" = auto: cuda, mps, cpu
-    dtype="",  # "" = auto: bfloat16 on CUDA (float16 without bf16), float32 otherwise; float64 allowed
-    compile=False,
-    peak_flops=0.0,  # device peak FLOP/s for MFU; 0 = known GPUs only (A100, H100, H200 bf16)
-)
-T0_DEFAULTS = dict(
-    # I/O
-    out_dir="out/t0",
-    model_dir="",  # the pretrained model: model_dir/ckpt.pt
-    init_from="resume_model",  # resume_model: finetune model_dir | resume_train: continue out_dir
-    eval_interval=200,
-    checkpoint_interval=0,  # 0: checkpoint at every eval_interval
-    log_interval=10,
-    eval_iters=4,  # validation loss on the first eval_iters * batch_size packed rows of each group
-    eval_only=False,
-    save_best_model=False,  # also keep out_dir/ckpt_best.pt, the best mean validation loss
-    seed=1337,
-    **WANDB_CONFIG_DEFAULTS,  # wandb_log, wandb_project, wandb_run_name, wandb_entity, wandb_tags, wandb_mode
-    # data
-    mixture="",  # mixture.json: {"train": [sources], "valid": [sources]} (docs/t0.md)
-    make_demo_data="",  # write the built-in multitask set to this folder and exit
-    mixing="example",  # example: mix examples by weight, then pack | row: Megatron's blend of packed rows
-    tokenizer_model="",  # "" = the tokenizer named by the base checkpoint's config
-    **TOKENIZATION_DEFAULTS,  # add_bos, target_space, add_eos, max_input_len, max_target_len, truncation
-    pad_id=0,  # id written into padding (masked everywhere, so any id works)
-    batch_size=16,  # packed rows per micro-batch
-    max_seq_len=0,  # row length L (rows hold L + 1 tokens); 0 = the base model's max_seq_len
-    # masks and loss
-    prefixlm=False,  # True: input tokens of an example attend to each other both ways
-    loss_normalization="token",  # token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)
-    # rank-classification evaluation of validation groups with answer_choices
-    rank_eval_examples=200,  # per group, a fixed seeded subset; 0 disables
-    rank_eval_batch_size=0,  # 0 = batch_size
-    # forgetting: the ordinary LM loss on the test shard of a pretokenized pretraining dataset
-    pretrain_text="",  # e.g. data/tok8192/pretrain-all: logged as loss/valid/pretrain_text, not in loss/valid
-    score_eos=False,  # also score each choice's EOS
-    # model (the shape comes from the checkpoint)
-    dropout=0.0,  # T0 and BLOOMZ used 0.1
-    # optimizer and schedule: constant LR, no warmup, as T0 and BLOOMZ (presets: adafactor_preset)
-    gradient_accumulation_steps=1,  # global: split across DDP processes
-    learning_rate=1e-4,
-    lr_scheduling=False,
-    max_iters=1000,
-    weight_decay=0.0,
-    warmup_iters=0,
-    **OPTIMIZER_DEFAULTS,  # optimizer (adamw | adafactor), betas, eps, clipping, min_lr (optim.py)
-    **ADAFACTOR_CONFIG_DEFAULTS,  # adafactor_preset: t0 | hf_t5 | bloomz_adam, and adafactor_* settings
-    # system
-    device="",  # "" = auto: cuda, mps, cpu
-    dtype="",  # "" = auto: bfloat16 on CUDA, float32 otherwise; float64 allowed
-    compile=False,
-    peak_flops=0.0,
-)
+    TRAIN        train.py (language modelling on pretokenized TinyStories datasets)
+    FINETUNE_T0  finetune_t0.py (T0-style multitask finetuning): TRAIN's shared keys, with T0's
+                 defaults, plus its own data / loss / rank-evaluation keys
+    SAMPLE, GROW, EVAL   the tools' flags (sample.py, grow.py, the evaluation/ scripts), built from
+                 the same Key objects where a setting is the same setting
+
+The machinery (parsing, validation, --help) is config.py's. Cross-key rules are the functions
+below the declarations; everything is checked before a run writes anything.
+"""
+from tinylab.config import Key, Schema, check_device
+from tinylab.dataset_spec import FEATURES
+from tinylab.errors import UserError
+from tinylab.growth import MODES as GROW_MODES
+from tinylab.growth import PLACEMENTS, SYMMETRY_BREAKING, parse_grow_schedule
+from tinylab.optim import OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
+from tinylab.t0_data import MIXINGS, NORMALIZATIONS, TRUNCATIONS
+
+INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name for resume_train
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+COUNT, NONNEG, POSITIVE, FRACTION = "[1, inf)", "[0, inf)", "(0, inf)", "[0, 1)"
+
+# ---------------------------------------------------------------------- keys shared by the drivers
+
+OUT_DIR = Key("out_dir", "out", "run folder: ckpt.pt, config.json, metrics.jsonl ({key} placeholders are filled "
+              "from the config, e.g. out/{dataset_name}_lr{learning_rate})", nonempty=True)
+MODEL_DIR = Key("model_dir", "", "resume_model: fine-tune from model_dir/ckpt.pt (or a .pt path)")
+INIT = Key("init_from", "scratch", "scratch | resume_train (continue the run in out_dir) | resume_model "
+           "(weights of model_dir, fresh optimizer, iteration 0)", choices=INIT_FROM)
+OVERWRITE = Key("overwrite", False, "a new run (scratch, resume_model) into an out_dir that holds a run: move "
+                "the old run aside to <out_dir>.previous-<time> instead of refusing")
+SEED = Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range=NONNEG)
+
+IO = [
+    OUT_DIR, MODEL_DIR, INIT, OVERWRITE,
+    Key("eval_interval", 2000, "evaluate (and checkpoint) every this many iterations", range=COUNT),
+    Key("checkpoint_interval", 0, "checkpoint every this many iterations; 0 = every eval_interval", range=NONNEG),
+    Key("log_interval", 1, "log the training loss every this many iterations", range=COUNT),
+    Key("eval_iters", 100, "batches per evaluation loss", range=COUNT),
+    Key("eval_only", False, "evaluate the initial / resumed model once and exit"),
+    Key("always_save_checkpoint", True, "False: a periodic checkpoint only when loss/test improved (llama2.c)"),
+    Key("save_best_model", False, "also keep out_dir/ckpt_best.pt, the best evaluation loss so far"),
+    Key("finegrained_log_iters", 0, ">0: also evaluate (train.py: with generations) often during the first N iterations",
+        range=NONNEG),
+    Key("finegrained_eval_interval", 0, "evaluation interval during finegrained_log_iters; 0 = a tenth of it",
+        range=NONNEG),
+    SEED,
+]
+
+WANDB = [
+    Key("wandb_log", False, "also log to Weights & Biases (metrics.jsonl is always written)"),
+    Key("wandb_project", "tinystories-lab", "wandb project"),
+    Key("wandb_run_name", "", "wandb run name (default: wandb's)"),
+    Key("wandb_entity", "", "wandb entity (team or user; default: yours)"),
+    Key("wandb_tags", [], "wandb tags (a list, or a comma-separated string)"),
+    Key("wandb_mode", "", "'' = wandb's own default / WANDB_MODE", choices=("", "online", "offline", "disabled")),
+]
+
+BATCH_SIZE = Key("batch_size", 128, "micro-batch size (sequences per forward pass)", range=COUNT)
+MAX_SEQ_LEN = Key("max_seq_len", 256, "context length in tokens", range=COUNT)
+TOKENIZER_MODEL = Key("tokenizer_model", "", "sentencepiece .model to use instead of the default one")
+DATA_CACHE_DIR = Key("data_cache_dir", "data", "where raw shards, tokenizers and pretokenized datasets live",
+                     nonempty=True)
+
+LM_DATA = [
+    BATCH_SIZE, MAX_SEQ_LEN,
+    Key("vocab_source", "custom", "custom: <data_cache_dir>/tok{vocab_size}.model | llama2: the Llama 2 tokenizer",
+        choices=("custom", "llama2")),
+    Key("vocab_size", 8192, "tokenizer size (vocab_source=custom); ids are stored as uint16", range="[1, 65536]"),
+    TOKENIZER_MODEL, DATA_CACHE_DIR,
+    Key("dataset_name", "F_none_MM_none_AT_none_RF_none_IS_none", "pretokenized dataset to train on "
+        "(<data_cache_dir>/tok{V}/<dataset_name>)", nonempty=True),
+    Key("eval_dataset_names", [], "extra datasets whose test shard is evaluated as loss/<name>"),
+    Key("eval_batch_size", 0, "micro-batch size of the loss evaluations; 0 = batch_size", range=NONNEG),
+    Key("split_shards_pretrain", False, "80/20 split of the train shards into pretrain / fine-tune"),
+    Key("pretraining", True, "with split_shards_pretrain: True = the first 80%, False = the last 20%"),
+]
+
+DROPOUT = Key("dropout", 0.0, "dropout probability (embeddings, attention, residual branches)", range=FRACTION)
+
+MODEL = [
+    Key("dim", 288, "model width", range=COUNT),
+    Key("n_layers", 6, "transformer blocks", range=COUNT),
+    Key("n_heads", 6, "attention heads (dim must be divisible by it)", range=COUNT),
+    Key("n_kv_heads", 6, "key/value heads (GQA; must divide n_heads); 0 = n_heads", range=NONNEG),
+    Key("multiple_of", 32, "the SwiGLU hidden size is rounded up to a multiple of this", range=COUNT),
+    Key("hidden_dim", 0, "SwiGLU hidden size; 0 = llama2.c's rule from dim and multiple_of", range=NONNEG),
+    DROPOUT,
+    Key("tie_embeddings", True, "share the token embedding with the output head (llama2.c)"),
+]
+
+LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
+OPTIMIZER = [
+    Key("gradient_accumulation_steps", 4, "micro-steps per optimizer step, over all processes (divided among them)",
+        range=COUNT),
+    LR,
+    Key("lr_scheduling", True, "False: constant learning_rate (the *_no_lrs fine-tuning configs)"),
+    Key("max_iters", 100000, "optimizer steps of the run", range=NONNEG),
+    Key("weight_decay", 1e-1, "AdamW / Adafactor weight decay (matrices only)", range=NONNEG),
+    Key("warmup_iters", 1000, "linear LR warmup iterations", range=NONNEG),
+    Key("optimizer", "adamw", "adamw | adafactor", choices=OPTIMIZERS),
+    Key("beta1", 0.9, "AdamW beta1", range=FRACTION),
+    Key("beta2", 0.95, "AdamW beta2", range=FRACTION),
+    Key("adam_eps", 1e-8, "AdamW epsilon", range=POSITIVE),
+    Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG),
+    Key("decay_lr", True, "cosine decay after the warmup (False: constant after it)"),
+    Key("min_lr", 0.0, "learning rate at the end of the decay", range=NONNEG),
+    Key("lr_decay_iters", 0, "iterations over which the LR decays; 0 = max_iters", range=NONNEG),
+]
+
+ADAFACTOR = [
+    Key("adafactor_preset", "", "'' | t0 | hf_t5 (Adafactor) | bloomz_adam (AdamW): fills the optimizer keys it names "
+        "that the config leaves at their defaults", choices=("",) + tuple(OPTIMIZER_PRESETS)),
+    Key("adafactor_scale_parameter", True, "step sizes relative to each tensor's RMS"),
+    Key("adafactor_relative_step", False, "step size from the step count (then learning_rate is ignored)"),
+    Key("adafactor_warmup_init", False, "relative_step's warmup (needs adafactor_relative_step)"),
+    Key("adafactor_clip_threshold", 1.0, "update clipping threshold", range=POSITIVE),
+    Key("adafactor_decay_rate", -0.8, "second-moment decay exponent (beta2_t = 1 - t^decay_rate)", range="[-inf, 0]"),
+    Key("adafactor_beta1", 0.0, "first moment; 0 = none", range=FRACTION),
+]
+
+GROW_C_WIDTH = Key("grow_c_width", 1.776, "target mode: S_target = S_pre / c after width growth", range="[1, inf)")
+GROW_C_DEPTH = Key("grow_c_depth", 1.412, "target mode: S_target = S_pre / c after depth growth", range="[1, inf)")
+GROW_REWARMUP = Key("grow_rewarmup_iters", 150, "target mode: linear LR re-warmup iterations after growth",
+                    range=NONNEG)
+GROW_MODE = Key("grow_mode", "target", "target: schedule back to S_pre/c + LR re-warmup | exact: reproduce the "
+                "small model's updates (width only)", choices=GROW_MODES)
+GROW_SB = Key("grow_symmetry_breaking", "", "how the duplicated halves split each matrix; '' = random (target), "
+              "off (exact)", choices=("",) + SYMMETRY_BREAKING)
+GROWTH = [
+    Key("grow_schedule", "", "grow inside the run, e.g. '2000:weights,6000:layers' (double width / depth after "
+        "those iterations; docs/growth.md)"),
+    GROW_MODE, GROW_SB, GROW_C_WIDTH, GROW_C_DEPTH, GROW_REWARMUP,
+]
+
+MAX_NEW_TOKENS = Key("max_new_tokens", 350, "tokens generated per prompt; 0 = no generations", range=NONNEG)
+TEMPERATURE = Key("temperature", 1.0, "sampling temperature; 0 = greedy", range=NONNEG)
+TOP_K = Key("top_k", 0, "sample among the k most likely tokens; 0 = all", range=NONNEG)
+GENERATION = [
+    TEMPERATURE, TOP_K, MAX_NEW_TOKENS,
+    Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size",
+        range=COUNT),
+    Key("generation_batch_size", 16, "prompts generated together", range=COUNT,
+        aliases=("generation_eval_batch_size",)),
+    Key("generation_eval_interval_multiplier", 1, "generations every N evaluations", range=COUNT),
+    Key("generation_datasets", [], "which of 'id' and eval_dataset_names get generations; [] = all of them"),
+    Key("feature_eval", "", "a feature to judge in the generations, logged as gen_feature_score "
+        "(evaluation/eval_features.py)", choices=("",) + FEATURES),
+]
+
+DEVICE = Key("device", "", "cpu, cuda, cuda:N, mps; '' = the best available", check=check_device)
+DTYPE = Key("dtype", "", "'' = bfloat16 on CUDA (float16 without bf16 support), float32 otherwise",
+            choices=("",) + DTYPES)
+SYSTEM = [
+    DEVICE, DTYPE,
+    Key("compile", False, "torch.compile the model"),
+    Key("peak_flops", 0.0, "the device's peak FLOP/s for MFU; 0 = known GPUs only (A100, H100, H200 bf16)",
+        range=NONNEG),
+]
+
+
+# ---------------------------------------------------------------------- rules between keys
+
+def check_model_shape(cfg):
+    dim, heads, kv = cfg["dim"], cfg["n_heads"], cfg["n_kv_heads"] or cfg["n_heads"]
+    if dim % heads:
+        raise UserError(f"dim={dim} is not divisible by n_heads={heads} (each head gets dim / n_heads channels)")
+    if (dim // heads) % 2:
+        raise UserError(f"the head size dim / n_heads = {dim // heads} must be even (RoPE rotates pairs of channels)")
+    if kv > heads or heads % kv:
+        raise UserError(f"n_kv_heads={kv} must divide n_heads={heads} (each key/value head serves n_heads / "
+                        f"n_kv_heads query heads)")
+
+
+def check_schedule(cfg):
+    if cfg["min_lr"] > cfg["learning_rate"]:
+        raise UserError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}")
+    decay = cfg["lr_decay_iters"]
+    if cfg["lr_scheduling"] and cfg["decay_lr"] and decay and decay < cfg["warmup_iters"]:
+        raise UserError(f"lr_decay_iters={decay} ends before warmup_iters={cfg['warmup_iters']} does")
+    if cfg["adafactor_warmup_init"] and not cfg["adafactor_relative_step"]:
+        raise UserError("adafactor_warmup_init=True needs adafactor_relative_step=True")
+
+
+def check_init(cfg):
+    if cfg["init_from"] == "resume_model" and not cfg["model_dir"]:
+        raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
+
+
+def check_generation_datasets(cfg):
+    unknown = sorted(set(cfg["generation_datasets"]) - {"id", *cfg["eval_dataset_names"]})
+    if unknown:
+        raise UserError(f"generation_datasets names {unknown}, which are neither 'id' nor in eval_dataset_names")
+
+
+def check_growth(cfg):
+    parse_grow_schedule(cfg)
+
+
+def prepare_train(cfg):
+    return apply_optimizer_preset(cfg, TRAIN.defaults())
+
+
+TRAIN = Schema("train.py", [
+    ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL), ("optimizer and schedule", OPTIMIZER),
+    ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
+    ("generation evaluation", GENERATION), ("system", SYSTEM),
+], rules=[check_model_shape, check_schedule, check_init, check_generation_datasets, check_growth],
+    prepare=prepare_train)
+
+
+# ---------------------------------------------------------------------- finetune_t0.py
+
+T0_DATA = [
+    Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources]} (docs/t0.md)"),
+    Key("make_demo_data", "", "write the built-in multitask set to this folder and exit"),
+    Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
+        choices=MIXINGS),
+    TOKENIZER_MODEL.replace(help="'' = the tokenizer named by the base checkpoint's config"),
+    Key("add_bos", True, "BOS before every input (our models were pretrained with one per document)"),
+    Key("target_space", True, "exactly one space between input and target (False: the target text as is)"),
+    Key("add_eos", True, "EOS after every target (what makes generation stop)"),
+    Key("max_input_len", 1024, "input limit in tokens (BOS included; T0's)", range=COUNT),
+    Key("max_target_len", 256, "target limit in tokens (EOS included; T0's)", range=COUNT),
+    Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
+    Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
+    BATCH_SIZE.replace(default=16, help="packed rows per micro-batch"),
+    MAX_SEQ_LEN.replace(default=0, range=NONNEG, help="row length L (rows hold L + 1 tokens); 0 = the base model's"),
+    Key("pretrain_text", "", "a pretokenized dataset folder whose test shard's LM loss is logged as "
+        "loss/valid/pretrain_text (forgetting; not in loss/valid)"),
+]
+T0_LOSS = [
+    Key("prefixlm", False, "input tokens of an example attend to each other both ways"),
+    Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)",
+        choices=NORMALIZATIONS),
+    Key("rank_eval_examples", 200, "rank-classification examples per validation group with answer_choices; "
+        "0 disables", range=NONNEG),
+    Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),
+    Key("score_eos", False, "also score each choice's EOS"),
+]
+
+
+def check_t0(cfg):
+    if cfg["init_from"] not in ("resume_model", "resume_train"):
+        raise UserError(f"init_from must be resume_model (finetune --model_dir) or resume_train (continue --out_dir), "
+                        f"not '{cfg['init_from']}'")
+    if not cfg["make_demo_data"]:
+        check_init(cfg)
+
+
+# finetuning settings that go with an optimizer preset (docs/t0.md), unless set by the user
+PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": False}}
+
+
+def prepare_t0(cfg):
+    defaults = FINETUNE_T0.defaults()
+    out = apply_optimizer_preset(cfg, defaults)
+    for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
+        if cfg[key] == defaults[key]:
+            out[key] = value
+    return out
+
+
+FINETUNE_T0 = TRAIN.derive(
+    "finetune_t0.py",
+    defaults=dict(out_dir="out/t0", init_from="resume_model", eval_interval=200, log_interval=10,
+                  gradient_accumulation_steps=1, learning_rate=1e-4, lr_scheduling=False, max_iters=1000,
+                  weight_decay=0.0, warmup_iters=0),
+    keys=[Key("eval_iters", 4, "validation loss on the first eval_iters * batch_size packed rows of each group",
+              range=NONNEG),
+          INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
+                       "resume_train: continue out_dir")],
+    # the model's shape comes from the base checkpoint; these are language-modelling keys
+    drop=[k.name for k in LM_DATA + GROWTH + GENERATION] + [k.name for k in MODEL if k is not DROPOUT],
+    sections=[("data", T0_DATA), ("masks, loss and rank evaluation", T0_LOSS)],
+    rules=[check_schedule, check_t0], prepare=prepare_t0)
+
+
+# ---------------------------------------------------------------------- the tools
+
+CHECKPOINT = Key("checkpoint", "out/ckpt.pt", "our checkpoint (ckpt.pt or its folder) or a Hugging Face Llama folder",
+                 nonempty=True)
+TOOL_DATA_CACHE = DATA_CACHE_DIR.replace(default="", nonempty=False,
+                                         help="where tokenizers and datasets live (default: the checkpoint's config)")
+
+SAMPLE = Schema("sample.py", [
+    ("sampling", [CHECKPOINT.replace(help="checkpoint (ckpt.pt or its folder)"),
+                  Key("start", "Features: Twist\\nWords: run, ball, red\\nStory:",
+                      "the prompt (a literal \\n is a newline; FILE:path reads it from a file)"),
+                  Key("num_samples", 1, "stories to sample", range=COUNT),
+                  MAX_NEW_TOKENS.replace(default=256, range=COUNT, help="tokens generated per story"),
+                  TEMPERATURE, TOP_K, SEED]),
+    ("tokenizer and device", [TOKENIZER_MODEL.replace(help="'' = the one the checkpoint was trained with"),
+                              TOOL_DATA_CACHE, DEVICE]),
+])
+
+GROW = Schema("grow.py", [
+    ("growth", [
+        Key("doubling", None, "weights (width x2) | layers (depth x2)", type=str, choices=("weights", "layers"),
+            required=True),
+        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, required=True, nonempty=True),
+        Key("out_dir", None, "folder for the grown ckpt.pt", type=str, required=True, nonempty=True),
+        GROW_MODE.replace(name="mode"),
+        GROW_SB.replace(name="symmetry_breaking"),
+        Key("sb_scale", 0.5, "symmetry_breaking=random: R ~ N(0, (sb_scale * RMS(W))^2)", range=NONNEG),
+        Key("sb_alpha", 0.8, "symmetry_breaking=split: A = C = alpha W, B = D = (1 - alpha) W", range="[0, 1]"),
+        Key("placement", "interleave", "layers: the copy of layer i at 2i + 1, or all copies after the stack",
+            choices=PLACEMENTS),
+        SEED.replace(default=0, help="seed of the symmetry-breaking noise"),
+        GROW_C_WIDTH.replace(name="c_width"), GROW_C_DEPTH.replace(name="c_depth"),
+        GROW_REWARMUP.replace(name="rewarmup_iters"),
+        Key("force", False, "overwrite a checkpoint already in out_dir"),
+    ]),
+])
+
+EVAL = Schema("evaluation", [
+    ("model", [CHECKPOINT, TOKENIZER_MODEL.replace(help="sentencepiece .model (default: the one the checkpoint's "
+                                                   "config names)"),
+               TOOL_DATA_CACHE, DEVICE.replace(help="cpu, cuda, ... ('' = cuda when available)"),
+               DTYPE.replace(default="float32", choices=DTYPES, help="precision of the model"),
+               BATCH_SIZE.replace(default=8, help="sequences per forward pass"), SEED,
+               Key("out", "", "also write the metrics JSON to this file")]),
+])
+
+# the drivers by file name (sweep.py checks a sweep's parameters against them)
+DRIVERS = {"train.py": TRAIN, "finetune_t0.py": FINETUNE_T0}

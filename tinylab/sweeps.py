@@ -10,8 +10,9 @@ it), so this reads the same YAML (docs/interop.md) and does the agent's job:
   - grid: the Cartesian product of every parameter's `values` (a `value` is one value), in YAML
     order, the first parameter varying slowest; random: independent draws from each parameter's
     distribution with a seeded RNG, `--count` or `run_cap` of them; bayes needs the server: error;
-  - every parameter must be a config key of the program (its module-level DEFAULTS) and every
-    value must pass the configurator, checked for all runs before the first one starts;
+  - every parameter must be a config key of the program (schema.py for this repository's drivers,
+    else the program's SCHEMA or DEFAULTS) and every command must pass the program's config
+    checks, for all runs before the first one starts;
   - the command is built exactly as `wandb agent` builds it (wandb_agent.py, `_command_run`):
     `${envvar:NAME}` inside any item, then items that are a whole macro (`${env}`, `${interpreter}`,
     `${program}`, `${args}`, `${args_no_equals}`, `${args_no_hyphens}`, `${args_no_boolean_flags}`,
@@ -42,7 +43,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tinylab.config import Schema
 from tinylab.errors import UserError
+from tinylab.schema import DRIVERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tinylab/..
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
@@ -165,11 +168,15 @@ def load_sweep(path):
     return sweep
 
 
-def program_defaults(program, workdir):
-    """The program's DEFAULTS dict (every config key), imported without running its main."""
+def program_schema(program, workdir) -> Schema:
+    """The config keys of the sweep's program: this repository's drivers by name (schema.py), any
+    other program from its module-level SCHEMA (a config.Schema) or DEFAULTS dict, imported without
+    running its main."""
     path = os.path.join(workdir, program)
     if not os.path.isfile(path):
         raise UserError(f"program {program} not found in {workdir}")
+    if os.path.realpath(path) == os.path.realpath(os.path.join(REPO, program)) and program in DRIVERS:
+        return DRIVERS[program]
     if not program.endswith(".py"):
         raise UserError(f"program {program} is not a Python file; its config keys cannot be checked")
     spec = importlib.util.spec_from_file_location("_sweep_program_" + os.path.basename(program)[:-3], path)
@@ -178,13 +185,17 @@ def program_defaults(program, workdir):
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # the user's program is broken or needs something missing: say so briefly
-        raise UserError(f"importing {program} to read its DEFAULTS failed: {type(e).__name__}: {e}")
+        raise UserError(f"importing {program} to read its config keys failed: {type(e).__name__}: {e}")
     finally:
         sys.path.remove(workdir)
+    schema = getattr(module, "SCHEMA", None)
+    if isinstance(schema, Schema):
+        return schema
     defaults = getattr(module, "DEFAULTS", None)
     if not isinstance(defaults, dict):
-        raise UserError(f"{program} defines no DEFAULTS dict, so the sweep's parameters cannot be checked")
-    return defaults
+        raise UserError(f"{program} defines neither SCHEMA nor a DEFAULTS dict, so the sweep's parameters cannot be "
+                        f"checked")
+    return Schema.from_defaults(program, defaults)
 
 
 # ---------------------------------------------------------------------- configurations
@@ -279,29 +290,27 @@ def build_command(command, program, values, json_file, environ=None):
     return argv
 
 
-def check_configs(configs, defaults, where):
-    """Every parameter a config key, every value accepted by the configurator (as the child will see it)."""
-    from tinylab.config import apply_override
+def check_configs(configs, schema: Schema, where):
+    """Every parameter a config key of the program, every value of its type and range."""
     for values in configs:
-        config = dict(defaults)
         for key, value in values.items():
             try:
-                apply_override(config, defaults, f"--{key}={value}")
+                k = schema.key(key, f"--{key}")
+                k.validate(k.from_text(str(value), f"--{key}"), f"--{key}")
             except UserError as e:
                 raise UserError(f"{where}: parameter '{key}': {e}")
 
 
-def run_out_dir(argv, program, defaults, workdir):
-    """The out_dir the program will use for this argv: its arguments after `program` parsed by the
-    configurator (config files included, out_dir templates filled), as the child will parse them.
-    None when the command has no `program` item or the program has no out_dir key."""
-    from tinylab.config import parse_config
-    if program not in argv or "out_dir" not in defaults:
+def run_out_dir(argv, program, schema: Schema, workdir):
+    """The out_dir the program will use for this argv: its arguments after `program` parsed by its
+    schema (config files included, out_dir templates filled, every rule checked), as the child
+    will parse them. None when the command has no `program` item or the program has no out_dir."""
+    if program not in argv or "out_dir" not in schema.keys:
         return None
     cwd = os.getcwd()
     os.chdir(workdir)  # config files in the command are relative to where the run starts
     try:
-        return parse_config(defaults, argv[argv.index(program) + 1:], prog=program)["out_dir"]
+        return schema.parse(argv[argv.index(program) + 1:])["out_dir"]
     except UserError as e:
         raise UserError(f"{program} would reject the command {shlex.join(argv)}: {e}")
     finally:
@@ -379,10 +388,10 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     exits 1 when a run failed, 130 after Ctrl-C (finished runs stay recorded)."""
     sweep = load_sweep(sweep_path)
     workdir = os.path.abspath(workdir)
-    defaults = program_defaults(str(sweep["program"]), workdir)
+    schema = program_schema(str(sweep["program"]), workdir)
     params = sweep["parameters"]
     configs = configurations(sweep, count, seed)
-    check_configs(configs, defaults, f"{sweep_path} ({sweep['program']})")
+    check_configs(configs, schema, f"{sweep_path} ({sweep['program']})")
 
     stem = os.path.splitext(os.path.basename(sweep_path))[0]
     sweep_dir = os.path.join(workdir, out_dir or os.path.join("out", "sweeps", stem))
@@ -392,8 +401,8 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     runs = [{"run": f"run-{i:03d}", "params": values,
              "argv": build_command(command, str(sweep["program"]), values, os.path.join(sweep_dir, f"run-{i:03d}.args.json"))}
             for i, values in enumerate(configs)]
-    out_dirs = [run_out_dir(r["argv"], str(sweep["program"]), defaults, workdir) for r in runs]
-    if "out_dir" in defaults and None not in out_dirs and len(set(out_dirs)) < len(out_dirs):
+    out_dirs = [run_out_dir(r["argv"], str(sweep["program"]), schema, workdir) for r in runs]
+    if "out_dir" in schema.keys and None not in out_dirs and len(set(out_dirs)) < len(out_dirs):
         # e.g. a config without an {placeholder} out_dir: the runs would overwrite each other
         print(f"note: runs would share out_dir {collections.Counter(out_dirs).most_common(1)[0][0]}; "
               f"each run gets --out_dir={os.path.join(sweep_dir, 'run-NNN')} instead", file=sys.stderr)

@@ -12,7 +12,7 @@ ids and target-only loss weights.
     batch, label_mask, label_seg = model_inputs(*arrays, prefixlm, device)
     T0Batches(stream, examples, ...)                               # the Trainer's batch source
 
-Conventions (each a config key of finetune_t0.py, defaults in TOKENIZATION_DEFAULTS):
+Conventions (each a config key of finetune_t0.py, declared in schema.py):
   - input ids = [BOS] + encode(inputs); no EOS or separator after the inputs;
   - target ids = encode(target) + [EOS]; with target_space=True the target's leading whitespace is
     replaced by exactly one space (through the tokenizer's dummy prefix, or an explicit " " for a
@@ -33,16 +33,11 @@ import torch
 from tinylab import hub
 from tinylab.errors import UserError, first_line
 
-TOKENIZATION_DEFAULTS = dict(
-    add_bos=True,  # BOS before every input (our models were pretrained with one per document)
-    target_space=True,  # exactly one space between input and target (False: target text as is)
-    add_eos=True,  # EOS after every target (what makes generation stop)
-    max_input_len=1024,  # T0's limits, in tokens (BOS and EOS included)
-    max_target_len=256,
-    truncation="truncate",  # truncate | drop: what to do with examples over those limits
-)
+# the config keys (schema.py) that ExampleEncoder takes, by name
+TOKENIZATION_KEYS = ("add_bos", "target_space", "add_eos", "max_input_len", "max_target_len", "truncation")
 NORMALIZATIONS = ("token", "example", "token_microbatch")
 MIXINGS = ("example", "row")
+TRUNCATIONS = ("truncate", "drop")
 SOURCE_KEYS = {"name", "path", "hf", "config", "split", "weight", "range", "dataset"}
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 

@@ -30,6 +30,7 @@ import os
 import random
 
 from tinylab import synth_stories as synth
+from tinylab.fileio import building_dir, write_atomic
 from tinylab.t0_data import example_hash
 
 SEEN = ("hero", "object", "ending", "dialogue", "addition")
@@ -149,30 +150,24 @@ def make_records(task, n, seed, split):
 
 
 def write_jsonl(path, records):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
 
 def write_demo_data(out_dir, seed=0, n_train=1500, n_valid=200):
-    """Write the task files and mixture.json; returns the mixture dict."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write the task files and mixture.json into `out_dir`, built in a temp folder beside it and
+    renamed when complete (replacing an older one); returns the mixture dict."""
     mixture = {"train": [], "valid": []}
     train_hashes = set()
-    for task in SEEN:
-        records = make_records(task, n_train, seed, "train")
-        train_hashes |= {example_hash(r["inputs"], r["targets"]) for r in records}
-        write_jsonl(os.path.join(out_dir, f"{task}_train.jsonl"), records)
-        mixture["train"].append({"name": task, "path": f"{task}_train.jsonl", "weight": WEIGHTS[task]})
-    for task in SEEN + HELD_OUT:
-        records = [r for r in make_records(task, n_valid, seed, "valid")
-                   if example_hash(r["inputs"], r["targets"]) not in train_hashes]
-        write_jsonl(os.path.join(out_dir, f"{task}_valid.jsonl"), records)
-        mixture["valid"].append({"name": task, "path": f"{task}_valid.jsonl"})
-    tmp = os.path.join(out_dir, "mixture.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(mixture, f, indent=1)
-    os.replace(tmp, os.path.join(out_dir, "mixture.json"))
+    with building_dir(out_dir) as tmp:
+        for task in SEEN:
+            records = make_records(task, n_train, seed, "train")
+            train_hashes |= {example_hash(r["inputs"], r["targets"]) for r in records}
+            write_jsonl(os.path.join(tmp, f"{task}_train.jsonl"), records)
+            mixture["train"].append({"name": task, "path": f"{task}_train.jsonl", "weight": WEIGHTS[task]})
+        for task in SEEN + HELD_OUT:
+            records = [r for r in make_records(task, n_valid, seed, "valid")
+                       if example_hash(r["inputs"], r["targets"]) not in train_hashes]
+            write_jsonl(os.path.join(tmp, f"{task}_valid.jsonl"), records)
+            mixture["valid"].append({"name": task, "path": f"{task}_valid.jsonl"})
+        write_atomic(os.path.join(tmp, "mixture.json"), json.dumps(mixture, indent=1).encode())
     return mixture

@@ -5,13 +5,12 @@ import re
 
 import numpy as np
 
+from tinylab.checkpoint import load_checkpoint
 from tinylab.errors import UserError
-from tinylab.optim import apply_optimizer_preset
-from tinylab.schema import T0_DEFAULTS as DEFAULTS
+from tinylab.pretokenized import BatchLoader, check_dataset
+from tinylab.rank_eval import rank_accuracy, rank_examples, summarize
 from tinylab.t0_data import (
-    MIXINGS,
-    NORMALIZATIONS,
-    TOKENIZATION_DEFAULTS,
+    TOKENIZATION_KEYS,
     PackedStream,
     check_hash_overlap,
     check_range_overlap,
@@ -25,42 +24,18 @@ from tinylab.t0_data import (
     tokenize_rows,
     usable,
 )
+from tinylab.tokenizer import tokenizer_for_checkpoint
 from tinylab.trainer import checkpoint_path
-
-# finetuning settings that go with an optimizer preset (spec §8), unless set by the user
-PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": False}}
-
-
-def apply_presets(cfg):
-    out = apply_optimizer_preset(cfg, DEFAULTS)
-    for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
-        if cfg[key] == DEFAULTS[key]:
-            out[key] = value
-    return out
-
-
-def check_config(cfg):
-    if cfg["loss_normalization"] not in NORMALIZATIONS:
-        raise UserError(f"loss_normalization must be one of {', '.join(NORMALIZATIONS)}, not '{cfg['loss_normalization']}'")
-    if cfg["mixing"] not in MIXINGS:
-        raise UserError(f"mixing must be one of {', '.join(MIXINGS)}, not '{cfg['mixing']}'")
-    if cfg["init_from"] not in ("resume_model", "resume_train"):
-        raise UserError(f"init_from must be resume_model (finetune --model_dir) or resume_train (continue --out_dir), "
-                        f"not '{cfg['init_from']}'")
-    if cfg["batch_size"] < 1 or cfg["max_seq_len"] < 0 or cfg["eval_iters"] < 0:
-        raise UserError("batch_size must be >= 1, max_seq_len and eval_iters >= 0")
 
 
 def base_checkpoint(cfg):
     """The checkpoint init_model will load, read first for its context length and tokenizer."""
-    if cfg["init_from"] == "resume_model" and not cfg.get("model_dir"):
+    if cfg["init_from"] == "resume_model" and not cfg["model_dir"]:
         raise UserError("no base model: pass --model_dir=DIR (a folder holding the pretrained ckpt.pt)")
-    from tinylab.checkpoint import load_checkpoint
     return load_checkpoint(checkpoint_path(cfg), map_location="cpu")
 
 
 def resolve_tokenizer(cfg, ckpt):
-    from tinylab.tokenizer import tokenizer_for_checkpoint
     tok = tokenizer_for_checkpoint(ckpt, cfg["tokenizer_model"] or None)
     if tok.vocab_size != ckpt["model_args"]["vocab_size"]:
         raise UserError(f"tokenizer {tok.model_path} has {tok.vocab_size} pieces but the model's vocabulary is "
@@ -115,7 +90,7 @@ class T0Data:
 
     def identity(self, cfg):
         """What the training row stream depends on (a resumed run must see the same one)."""
-        keys = ["seed", "mixing", "max_seq_len", "pad_id", *TOKENIZATION_DEFAULTS]
+        keys = ["seed", "mixing", "max_seq_len", "pad_id", *TOKENIZATION_KEYS]
         desc = {"cfg": {k: cfg[k] for k in keys},
                 "sources": [(s.name, w, len(e), e.stats["tokens"]) for s, w, e in zip(self.train_sources, self.weights, self.train)]}
         return hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()
@@ -125,7 +100,6 @@ def check_pretrain_text(folder, tok, vocab_size):
     """The pretraining-text group's dataset folder <data_cache_dir>/tok<V>/<name> (or
     <data_cache_dir>/llama2/<name>), checked like train.py checks its datasets: complete, and made
     with this model's vocabulary and tokenizer."""
-    from tinylab.pretokenized import check_dataset
     folder = os.path.normpath(folder)
     layout, name = os.path.split(folder)
     cache, layout_name = os.path.split(layout)
@@ -145,7 +119,6 @@ class T0Evaluator:
     rows' fill rate so far."""
 
     def __init__(self, cfg, run, data: T0Data, encoder, stream):
-        from tinylab.rank_eval import rank_examples
         self.cfg, self.run, self.stream = cfg, run, stream
         row_len, n_rows = cfg["max_seq_len"] + 1, cfg["eval_iters"] * cfg["batch_size"]
         self.groups = []
@@ -163,7 +136,6 @@ class T0Evaluator:
     def pretrain_text_loss(self, model):
         """Mean LM loss over eval_iters batches of the pretraining text's test shard; a fresh
         loader with the same seed reads the same windows at every evaluation."""
-        from tinylab.pretokenized import BatchLoader
         cfg = self.cfg
         batches = BatchLoader(self.pretrain_text, "test", cfg["batch_size"], cfg["max_seq_len"], seed=cfg["seed"],
                               device=self.run.device)
@@ -175,7 +147,6 @@ class T0Evaluator:
         return float(np.mean(losses))
 
     def __call__(self, model, iter_num, generations):
-        from tinylab.rank_eval import rank_accuracy, summarize
         cfg, metrics, accs = self.cfg, {}, {}
         bs = cfg["batch_size"]
         for g in self.groups:

@@ -14,7 +14,6 @@ The loop, per iteration: set LR -> evaluate (on schedule) -> checkpoint (on sche
 -> micro-steps (a fresh batch each, gradient sync only on the last) -> clip -> step -> log.
 Host syncs happen only on log steps and before checkpoints (NaN check).
 """
-import json
 import math
 import os
 import signal
@@ -32,11 +31,11 @@ from tinylab.distributed import (
     all_gather_object,
     all_reduce_max,
     all_reduce_mean,
+    barrier,
     cleanup,
     init_distributed,
 )
 from tinylab.errors import UserError
-from tinylab.growth import grow_in_run, parse_grow_schedule
 from tinylab.metrics import MetricsLogger
 from tinylab.optim import (
     build_optimizer,
@@ -45,6 +44,7 @@ from tinylab.optim import (
     optimizer_param_names,
     set_lr,
 )
+from tinylab.rundir import RunDir
 
 # dense bf16 peak FLOP/s by device name substring, for MFU (override with peak_flops=...)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -58,7 +58,7 @@ class TrainingDiverged(UserError):
 # ---------------------------------------------------------------------- run setup
 
 def resolve_device(cfg):
-    if cfg.get("device"):
+    if cfg["device"]:
         return cfg["device"]
     if torch.cuda.is_available():
         return "cuda"
@@ -68,11 +68,8 @@ def resolve_device(cfg):
 
 
 def resolve_dtype(cfg, device):
-    dtype = cfg.get("dtype") or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported()
-                                 else "float16" if device.startswith("cuda") else "float32")
-    if dtype not in ("float32", "float64", "bfloat16", "float16"):
-        raise UserError(f"dtype must be float32, float64, bfloat16 or float16, not '{dtype}'")
-    return dtype
+    return cfg["dtype"] or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported()
+                            else "float16" if device.startswith("cuda") else "float32")
 
 
 class Run:
@@ -96,7 +93,7 @@ class Run:
             torch.backends.cudnn.allow_tf32 = True
 
     def peak_flops(self, cfg):
-        if cfg.get("peak_flops"):
+        if cfg["peak_flops"]:
             return cfg["peak_flops"]
         if self.device_type == "cuda" and self.dtype in ("bfloat16", "float16"):
             name = torch.cuda.get_device_name(self.device)
@@ -118,25 +115,20 @@ def seed_everything(seed):
 
 def model_args_from_config(cfg) -> ModelArgs:
     return ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
-                     n_kv_heads=cfg.get("n_kv_heads") or cfg["n_heads"], vocab_size=cfg["vocab_size"],
-                     hidden_dim=cfg.get("hidden_dim") or None, multiple_of=cfg["multiple_of"],
-                     max_seq_len=cfg["max_seq_len"], dropout=cfg.get("dropout", 0.0),
-                     tie_embeddings=cfg.get("tie_embeddings", True))
+                     n_kv_heads=cfg["n_kv_heads"] or cfg["n_heads"], vocab_size=cfg["vocab_size"],
+                     hidden_dim=cfg["hidden_dim"] or None, multiple_of=cfg["multiple_of"],
+                     max_seq_len=cfg["max_seq_len"], dropout=cfg["dropout"], tie_embeddings=cfg["tie_embeddings"])
 
 
-INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name
-
-
-def check_init_from(cfg):
-    if cfg["init_from"] not in INIT_FROM:
-        raise UserError(f"init_from must be scratch, resume_train or resume_model, not '{cfg['init_from']}'")
+def resumes_run(cfg) -> bool:
+    """init_from=resume_train (or llama2.c's "resume"): the run in out_dir goes on."""
+    return cfg["init_from"] in ("resume_train", "resume")
 
 
 def checkpoint_path(cfg):
     """The ckpt.pt that init_from=resume_train (out_dir) or resume_model (model_dir) loads."""
-    check_init_from(cfg)
     init_from = cfg["init_from"]
-    where = cfg["out_dir"] if init_from in ("resume_train", "resume") else cfg.get("model_dir")
+    where = cfg["out_dir"] if resumes_run(cfg) else cfg["model_dir"]
     if not where:
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
     path = where if where.endswith(".pt") else os.path.join(where, "ckpt.pt")
@@ -169,29 +161,47 @@ def init_model(cfg, run: Run, log=print, ckpt=None):
                    and saved.get(k) != cfg.get(k)]
         if differs and run.master:
             log(f"notice: model shape taken from {path}: " + ", ".join(differs))
-        model = ckpt_lib.model_from_checkpoint(ckpt, max_seq_len=cfg["max_seq_len"], dropout=cfg.get("dropout", 0.0))
+        model = ckpt_lib.model_from_checkpoint(ckpt, max_seq_len=cfg["max_seq_len"], dropout=cfg["dropout"])
     return model.to(device=run.device, dtype=run.param_dtype), ckpt
 
 
 def training_state(cfg, ckpt):
     """The checkpoint whose optimizer/iteration/RNG/loader state a Trainer should restore."""
-    return ckpt if cfg["init_from"] in ("resume_train", "resume") else None
+    return ckpt if resumes_run(cfg) else None
 
 
-def write_run_config(cfg, run):
-    """out_dir/config.json: the run's resolved config (rank 0)."""
-    if run.master:
-        os.makedirs(cfg["out_dir"], exist_ok=True)
-        with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1)
+def open_run_folder(cfg, run) -> RunDir:
+    """out_dir, created and locked by rank 0 for the whole run (use it as a context manager);
+    a new run (scratch, resume_model) must not land on an old one unless cfg["overwrite"]."""
+    rd = RunDir(cfg["out_dir"], enabled=run.master).open()
+    try:
+        if not resumes_run(cfg):
+            rd.check_new_run(cfg["overwrite"])
+    except BaseException:
+        rd.close()
+        raise
+    return rd
+
+
+def start_run(rd: RunDir, cfg):
+    """Everything is checked and loaded: move an old run aside (overwrite=True), write the
+    resolved config.json, and keep the folder from now on."""
+    if not resumes_run(cfg) and cfg["overwrite"]:
+        rd.move_aside()
+    rd.write_json("config.json", cfg)
+    rd.commit()
 
 
 def fit_and_close(trainer, run):
-    """A driver's last step: train, release the process group, exit 130 after a Ctrl-C stop."""
-    try:
-        status = trainer.fit()
-    finally:
-        run.close()
+    """A driver's last step: train, release the process group, exit 130 after a Ctrl-C stop.
+
+    Under DDP every rank waits for the others (rank 0 may still be writing the last checkpoint)
+    before the process group is destroyed: tearing gloo down while a peer is busy can abort the
+    process at exit ("terminate called without an active exception"). After an error the group is
+    left alone (a collective with a failed peer would hang) and torchrun stops the other ranks."""
+    status = trainer.fit()
+    barrier(run.dist)
+    run.close()
     if status == "interrupted":
         sys.exit(130)
 
@@ -200,9 +210,10 @@ def fit_and_close(trainer, run):
 
 class Trainer:
     def __init__(self, cfg, run: Run, model, batches, evaluate, ckpt=None, best_metric="loss/test",
-                 tokens_per_micro_batch=None):
+                 tokens_per_micro_batch=None, generation_every=1):
         self.cfg, self.run, self.batches, self.evaluate = cfg, run, batches, evaluate
         self.best_metric = best_metric
+        self.generation_every = generation_every  # evaluations with generations: every N-th one
         self.world = run.dist.world_size
         accum = cfg["gradient_accumulation_steps"]
         if accum % self.world != 0:
@@ -219,7 +230,8 @@ class Trainer:
         self.logger = MetricsLogger(self.out_dir, cfg, enabled=run.master, resume_iter=resume_iter)
         self.stop_requested = False
         self.improved_since_save = False  # always_save_checkpoint=False saves only after an improvement
-        self.grow_schedule = parse_grow_schedule(cfg)  # {iteration: "weights" | "layers"}
+        # hook(trainer, next_batch) after every optimizer step; train.py installs in-run growth here
+        self.step_hooks = []
 
     # -- model / optimizer / state
 
@@ -233,7 +245,7 @@ class Trainer:
         if ckpt is not None and ckpt.get("optimizer") is not None:
             self.restore(ckpt)
         model = raw_model
-        if self.cfg.get("compile"):
+        if self.cfg["compile"]:
             if self.run.master:
                 print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
@@ -248,9 +260,9 @@ class Trainer:
         if saved_names is not None and list(saved_names) != names:
             raise UserError("the checkpoint's optimizer state does not match the model's parameters "
                             f"({len(saved_names)} saved vs {len(names)} now); was the checkpoint edited by hand?")
-        if ckpt.get("optimizer_name", "adamw") != self.cfg.get("optimizer", "adamw"):
+        if ckpt.get("optimizer_name", "adamw") != self.cfg["optimizer"]:
             raise UserError(f"checkpoint was trained with optimizer={ckpt.get('optimizer_name')}, config says "
-                            f"{self.cfg.get('optimizer', 'adamw')}; use init_from=resume_model to switch")
+                            f"{self.cfg['optimizer']}; use init_from=resume_model to switch")
         # load_state_dict also restores the saved groups' hyperparameters; the config given now
         # wins (e.g. a grown model resumed with the target model's config), with a notice
         configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
@@ -285,7 +297,7 @@ class Trainer:
             "format_version": ckpt_lib.FORMAT_VERSION,
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "optimizer_name": self.cfg.get("optimizer", "adamw"),
+            "optimizer_name": self.cfg["optimizer"],
             "param_names": optimizer_param_names(self.optimizer),
             "param_overrides": self.param_overrides,
             "lr_rewarmup": self.lr_rewarmup,
@@ -330,11 +342,11 @@ class Trainer:
 
     def is_eval_iter(self, it):
         c = self.cfg
-        fine = c.get("finegrained_log_iters", 0)
-        if fine and it <= fine and it % max(1, c.get("finegrained_eval_interval") or fine // 10) == 0:
+        fine = c["finegrained_log_iters"]
+        if fine and it <= fine and it % max(1, c["finegrained_eval_interval"] or fine // 10) == 0:
             return True, True
         if it % c["eval_interval"] == 0 or it == self.end_iter():
-            mult = max(1, c.get("generation_eval_interval_multiplier", 1))
+            mult = self.generation_every
             return True, (it % (c["eval_interval"] * mult) == 0 or it == self.end_iter())
         return False, False
 
@@ -383,7 +395,7 @@ class Trainer:
 
     def _fit(self):
         cfg, run = self.cfg, self.run
-        ckpt_interval = cfg.get("checkpoint_interval") or cfg["eval_interval"]
+        ckpt_interval = cfg["checkpoint_interval"] or cfg["eval_interval"]
         peak = run.peak_flops(cfg)
         loader_state = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
         batch = self._next_batch()
@@ -396,14 +408,14 @@ class Trainer:
             set_lr(self.optimizer, lr)
 
             do_eval, do_gen = self.is_eval_iter(it)
-            if cfg.get("eval_only"):
+            if cfg["eval_only"]:
                 do_eval, do_gen = True, True
             if do_eval and run.master:
                 improved = self.run_eval(it, do_gen)
                 self.improved_since_save |= improved
-                if improved and cfg.get("save_best_model") and it > 0 and not cfg.get("eval_only"):
+                if improved and cfg["save_best_model"] and it > 0 and not cfg["eval_only"]:
                     self.save(loader_state, "ckpt_best.pt")
-            if cfg.get("eval_only"):
+            if cfg["eval_only"]:
                 return "eval_only"
             stop = self.stop_requested
             if run.dist.enabled:
@@ -417,7 +429,7 @@ class Trainer:
                 # every rank's generators (dropout masks differ per rank), gathered on a schedule
                 # all ranks share, so that a DDP run resumes exactly too
                 rng = all_gather_object(ckpt_lib.rng_state(), run.dist)
-                periodic = it % ckpt_interval == 0 and (cfg.get("always_save_checkpoint", True) or self.improved_since_save)
+                periodic = it % ckpt_interval == 0 and (cfg["always_save_checkpoint"] or self.improved_since_save)
                 if periodic or it >= self.end_iter() or stop:
                     self.save(loader_state, rng_per_rank=rng)
                     self.improved_since_save = False
@@ -442,7 +454,7 @@ class Trainer:
                 batch = self._next_batch()
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
-            if cfg.get("grad_clip", 0.0) > 0.0:
+            if cfg["grad_clip"] > 0.0:
                 self.scaler.unscale_(self.optimizer)
                 clip_grad_norm(self.raw_model, cfg["grad_clip"], self.param_overrides)
             self.scaler.step(self.optimizer)
@@ -475,6 +487,5 @@ class Trainer:
                     self.logger.log(rec, kind="train", wandb_prefix_map={"loss/train": "train/loss"})
                 loss_sum.zero_()
                 iters_since_log = 0
-            if self.iter_num in self.grow_schedule:
-                # after the step, so a checkpoint of iteration iter_num already holds the grown model
-                grow_in_run(self, self.grow_schedule[self.iter_num], batch)
+            for hook in self.step_hooks:  # after the step: a checkpoint of iter_num sees what the hook did
+                hook(self, batch)

@@ -1,0 +1,187 @@
+"""The run folder (`out_dir`) and every other output a command writes, owned in one place.
+
+A run folder is created here (one line if it cannot be), locked for the run's lifetime (a second
+process on the same folder stops at once, naming the holder's pid), checked before a new run
+starts in it (a folder that holds a run is refused unless the user passes --overwrite=True, and
+then the old run is moved aside to `<out_dir>.previous-<time>`, never deleted), and its
+config.json is written atomically, after validation. A folder this module created for a command
+that then failed is removed again, so bad input leaves nothing behind.
+
+The tools' single outputs (a grown checkpoint, an export, the T0 demo data) are checked by
+`check_output_file` / `check_output_dir` before any work: an existing output is replaced only
+with --force, and a training checkpoint is never replaced by an import.
+"""
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+
+from tinylab.errors import UserError
+from tinylab.fileio import write_atomic
+
+LOCK_NAME = ".lock"
+RUN_FILES = ("ckpt.pt", "metrics.jsonl")  # a folder holding one of these holds a run
+
+
+def _reason(e: OSError) -> str:
+    return os.strerror(e.errno).lower() if e.errno else str(e)
+
+
+def _nearest_existing(path):
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def _check_creatable(path, what):
+    """The nearest existing folder on the way to `path` must be a writable folder."""
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        raise UserError(f"{what} {path}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path}: {existing} is not writable")
+
+
+class RunDir:
+    """out_dir of one run: `with RunDir(path) as rd:` creates and locks it; `rd.commit()` marks
+    the run as started (the folder is then kept whatever happens)."""
+
+    def __init__(self, path: str, what: str = "out_dir", enabled: bool = True):
+        # enabled=False (DDP ranks other than 0): every method does nothing; rank 0 owns the folder
+        self.path, self.what, self.enabled = path, what, enabled
+        self.lock_fd = None
+        self.created = []  # folders this process created, deepest first
+        self.committed = False
+
+    # -- create and lock
+
+    def __enter__(self):
+        if self.lock_fd is None:
+            self.open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def open(self):
+        if not self.enabled or self.lock_fd is not None:
+            return self
+        path = self.path
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise UserError(f"{self.what} {path} exists and is not a folder")
+        _check_creatable(path, self.what)
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            self.created.append(p)
+            p = os.path.dirname(p)
+        try:
+            os.makedirs(path, exist_ok=True)
+            self.lock_fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            self._remove_created()
+            raise UserError(f"cannot create {self.what} {path}: {_reason(e)}") from None
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(self.lock_fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.lock_fd)
+            self.lock_fd = None
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise UserError(f"{self.what} {path} is in use by another run (pid {holder}); wait for it to finish "
+                                f"or choose another {self.what}") from None
+            raise UserError(f"cannot lock {self.what} {path}: {_reason(e)}") from None
+        os.ftruncate(self.lock_fd, 0)
+        os.pwrite(self.lock_fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def close(self):
+        """Release the lock; a folder created for a run that never started is removed again."""
+        if self.lock_fd is None:
+            return
+        if not self.committed:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.path, LOCK_NAME))
+        os.close(self.lock_fd)  # releases the flock
+        self.lock_fd = None
+        if not self.committed:
+            self._remove_created()
+
+    def _remove_created(self):
+        for d in self.created:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)  # only if empty: never anything the user put there
+
+    # -- what is in it
+
+    def run_files(self):
+        return [f for f in RUN_FILES if os.path.lexists(os.path.join(self.path, f))]
+
+    def check_new_run(self, overwrite: bool, hint="resume it with --init_from=resume_train"):
+        """A new run (iteration 0) must not land on an old one unless the user said so."""
+        found = self.run_files() if self.enabled else []
+        if found and not overwrite:
+            raise UserError(f"{self.what} {self.path} already holds a run ({', '.join(found)}); {hint}, choose another "
+                            f"{self.what}, or pass --overwrite=True to move the old run aside")
+
+    def move_aside(self) -> str:
+        """Move every entry but the lock into a new sibling folder <path>.previous-<time>."""
+        if not self.enabled:
+            return ""
+        entries = [e for e in os.listdir(self.path) if e != LOCK_NAME]
+        if not entries:
+            return ""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = f"{os.path.normpath(self.path)}.previous-{stamp}"
+        aside, n = base, 1
+        while os.path.lexists(aside):
+            n += 1
+            aside = f"{base}-{n}"
+        os.makedirs(aside)
+        for e in sorted(entries):
+            os.rename(os.path.join(self.path, e), os.path.join(aside, e))
+        print(f"notice: moved the previous run in {self.path} to {aside} (--overwrite=True)")
+        return aside
+
+    def commit(self):
+        """The run starts: from here on the folder is the user's, kept whatever happens."""
+        self.committed = True
+
+    def write_json(self, name: str, obj):
+        if not self.enabled:
+            return
+        write_atomic(os.path.join(self.path, name), (json.dumps(obj, indent=1) + "\n").encode())
+
+
+# ---------------------------------------------------------------------- single outputs of the tools
+
+def check_output_file(path: str, force: bool, what="output", protect=None):
+    """Before any work: `path` can be written; an existing file is replaced only with `force`;
+    `protect(path)` may return why it must not be replaced at all."""
+    if not path:
+        raise UserError(f"the {what} path is empty")
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a folder")
+    if os.path.lexists(path):
+        reason = protect(path) if protect else None
+        if reason:
+            raise UserError(f"{what} {path} {reason}; write to another path")
+        if not force:
+            raise UserError(f"{what} {path} already exists (use --force to replace it)")
+    _check_creatable(os.path.dirname(os.path.abspath(path)), what)
+    return path
+
+
+def check_output_dir(path: str, force: bool, what="output folder", flag="--force"):
+    """Before any work: a folder output may be written at `path`; an existing non-empty folder is
+    replaced only with `force` (the writer replaces it atomically)."""
+    if not path:
+        raise UserError(f"the {what} path is empty")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UserError(f"{what} {path} exists and is not a folder")
+    if os.path.isdir(path) and os.listdir(path) and not force:
+        raise UserError(f"{what} {path} already exists and is not empty (use {flag} to replace it)")
+    _check_creatable(path, what)
+    return path
