@@ -8,19 +8,21 @@
     python export.py out/imported --import_hf=path/to/hf_llama_dir        # HF Llama -> ckpt.pt
     python export.py out/imported --import_bin=model.bin                  # llama2.c .bin -> ckpt.pt
 
-Formats follow ../shared/spec/interop.md (sections 1-3). Two layouts of the same network meet here:
-llama2.c/Meta rotate adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2); the
-rows of wq and wk are permuted per head on the way to HF and back on the way in (k with n_kv_heads),
-which keeps every q.k dot product, and therefore the logits, unchanged.
+The formats (docs/interop.md) are tinylab/interop.py's. Two layouts of the same network meet
+there: llama2.c/Meta rotate adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2);
+the rows of wq and wk are permuted per head on the way to HF and back on the way in.
 
 An import output ending in .pt is the checkpoint file; anything else is a folder that gets ckpt.pt,
 which is what `train.py --init_from=resume_model --model_dir=DIR` reads.
 Every output is written under a temporary name and renamed, so a failure leaves nothing half-written.
+An existing output is replaced only with --force, and an import never replaces a training checkpoint.
 """
 import os
 
+import torch
+
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from tinylab.config import ArgParser
+from tinylab.config import Key, Schema
 from tinylab.errors import UserError, cli_main
 from tinylab.interop import (
     export_bin,
@@ -31,27 +33,42 @@ from tinylab.interop import (
     read_bin,
     read_hf,
 )
+from tinylab.rundir import check_output_dir, check_output_file
+
+SCHEMA = Schema("export.py", [("export / import", [
+    Key("version", None, "format of a --checkpoint export: 0 (default), 1, 2 = llama2.c .bin (2 = int8 Q8_0); "
+        "-1 = HF Llama folder. Refused in other modes", type=int, choices=(-1, 0, 1, 2)),
+    Key("checkpoint", None, "our checkpoint (ckpt.pt or its folder) to export", type=str, nonempty=True),
+    Key("tokenizer", None, "sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, add it to "
+        "the HF folder; with a .bin export, write tokenizer.bin beside it", type=str, nonempty=True),
+    Key("group_size", None, "Q8_0 group size for --version=2 (default 64, halved until it divides dim); refused "
+        "with other versions", type=int, range="[1, inf)"),
+    Key("import_hf", None, "HF LlamaForCausalLM folder to import as our checkpoint", type=str, nonempty=True),
+    Key("import_bin", None, "llama2.c model .bin (v0/v1/v2) to import as our checkpoint", type=str, nonempty=True),
+    Key("force", False, "replace an existing output (never a training checkpoint)"),
+])])
+
+
+def training_checkpoint(path):
+    """Why an import must not replace `path`: it is a training checkpoint (optimizer state, an
+    iteration count), which an import would turn into weights only. None for anything else."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001  not a checkpoint at all: an ordinary file (--force replaces it)
+        return None
+    if isinstance(ckpt, dict) and ckpt.get("optimizer") is not None:
+        return f"is a training checkpoint (iteration {ckpt.get('iter_num')}, optimizer state) that an import would replace"
+    return None
 
 
 def main(argv=None):
-    ap = ArgParser(description="Export a checkpoint to llama2.c .bin (v0/v1/v2) or a Hugging Face Llama folder, "
-                               "write a run.c tokenizer .bin, or import an HF / llama2.c model as a checkpoint.")
+    ap = SCHEMA.argparser("Export a checkpoint to llama2.c .bin (v0/v1/v2) or a Hugging Face Llama folder, "
+                          "write a run.c tokenizer .bin, or import an HF / llama2.c model as a checkpoint.")
     ap.add_argument("filepath", nargs="?", help="output: .bin file, HF folder, tokenizer .bin, or imported checkpoint "
                                                 "(.pt file, or a folder that gets ckpt.pt)")
-    ap.add_argument("--version", type=int, default=None, help="format of a --checkpoint export: 0 (default), 1, 2 = llama2.c "
-                                                              ".bin (2 = int8 Q8_0); -1 = HF Llama folder. Refused in other modes")
-    ap.add_argument("--checkpoint", help="our checkpoint (ckpt.pt or its folder) to export")
-    ap.add_argument("--tokenizer", help="sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, "
-                                        "add it to the HF folder; with a .bin export, write tokenizer.bin beside it")
-    ap.add_argument("--group_size", type=int, default=None, help="Q8_0 group size for --version=2 (default 64, halved "
-                                                                 "until it divides dim); refused with other versions")
-    ap.add_argument("--import_hf", metavar="DIR", help="HF LlamaForCausalLM folder to import as our checkpoint")
-    ap.add_argument("--import_bin", metavar="FILE", help="llama2.c model .bin (v0/v1/v2) to import as our checkpoint")
-    a = ap.parse_args(argv)
+    a = SCHEMA.parse_args(argv, ap)
 
-    # --version is checked first, in every mode: a typo or a flag that does nothing must not pass silently
-    if a.version is not None and a.version not in (-1, 0, 1, 2):
-        raise UserError(f"unknown version {a.version}: 0, 1, 2 write llama2.c .bin files, -1 a Hugging Face folder")
+    # --version is checked first, in every mode: a flag that does nothing must not pass silently
     if a.version is not None and a.checkpoint is None:
         raise UserError(f"--version={a.version} applies only to a --checkpoint export (an import reads the format from "
                         f"its input; the tokenizer .bin has a single format)")
@@ -65,9 +82,9 @@ def main(argv=None):
             raise UserError("give one of --import_hf, --import_bin or --checkpoint")
         if not a.filepath:
             raise UserError("an import needs the output path (a .pt file, or a folder that gets ckpt.pt)")
+        out = check_output_file(import_output_path(a.filepath), a.force, "import output", protect=training_checkpoint)
         args, state = read_hf(a.import_hf) if a.import_hf else read_bin(a.import_bin)
         source = f"hf:{a.import_hf}" if a.import_hf else f"llama2.c:{a.import_bin}"
-        out = import_output_path(a.filepath)
         save_checkpoint(imported_checkpoint(args, state, source), out)
         print(f"wrote {out} (imported from {source}; dim={args.dim}, n_layers={args.n_layers}, n_heads={args.n_heads}, "
               f"n_kv_heads={args.kv_heads()}, vocab_size={args.vocab_size}, tied={args.tie_embeddings})")
@@ -76,19 +93,25 @@ def main(argv=None):
     if a.checkpoint is None:
         if a.tokenizer is None:
             raise UserError("nothing to do: give --checkpoint, --tokenizer, --import_hf or --import_bin")
-        export_tokenizer(a.tokenizer, a.filepath or os.path.splitext(a.tokenizer)[0] + ".bin")
+        out = check_output_file(a.filepath or os.path.splitext(a.tokenizer)[0] + ".bin", a.force, "tokenizer output")
+        export_tokenizer(a.tokenizer, out)
         return
     if not a.filepath:
         raise UserError("missing the output path (first argument)")
-    if group_size <= 0:
-        raise UserError(f"--group_size must be positive, not {group_size}")
+    if version == -1:
+        check_output_dir(a.filepath, a.force, "HF export folder")
+    else:
+        check_output_file(a.filepath, a.force, "export")
+        if a.tokenizer:
+            tok_out = os.path.join(os.path.dirname(os.path.abspath(a.filepath)), "tokenizer.bin")
+            check_output_file(tok_out, a.force, "tokenizer output")
     model = model_from_checkpoint(load_checkpoint(a.checkpoint)).eval()
     if version == -1:
         export_hf(model, a.filepath, a.tokenizer)
         return
     export_bin(model, a.filepath, version, group_size)
     if a.tokenizer:
-        export_tokenizer(a.tokenizer, os.path.join(os.path.dirname(os.path.abspath(a.filepath)), "tokenizer.bin"))
+        export_tokenizer(a.tokenizer, tok_out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tinylab import tinystories_data as tinystories  # noqa: E402
-from tinylab.dataset_spec import make_text, parse_spec, shard_rng  # noqa: E402
+from tinylab.dataset_spec import load_raw_shard, make_text, parse_spec, shard_rng  # noqa: E402
 from tinylab.tokenizer import Tokenizer  # noqa: E402
 
 _RAW = {}
@@ -52,7 +52,7 @@ def pipeline_texts(cache, seed=0):
     out = []
     for index, path in enumerate(tinystories.raw_shards(cache)):
         rng = shard_rng(seed, index)
-        out.append([make_text(example, rng) for example in tinystories.load_shard(path)])
+        out.append([make_text(example, rng) for example in load_raw_shard(path)])
     return out
 
 

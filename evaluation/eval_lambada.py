@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab.config import Key
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args
-from tinylab.lambada import lambada_items, load_passages, score_items, summarize
+from tinylab.lambada import fitting_items, lambada_items, load_passages, score_items, summarize
 from tinylab.schema import EVAL
 
 SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
@@ -38,8 +38,12 @@ def main(argv=None):
     if a.max_passages:
         passages = passages[:a.max_passages]
     items, skipped = lambada_items(passages, tok)
+    items, too_long = fitting_items(items, model.params.max_seq_len)
+    if too_long:
+        print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len="
+              f"{model.params.max_seq_len} tokens or more, which this model cannot score")
     if not items:
-        raise UserError(f"{a.data} holds no passage with a context and a last word")
+        raise UserError(f"{a.data} holds no passage with a context and a last word that fits the model's window")
     results = score_items(model, items, model.params.max_seq_len, a.batch_size)
     metrics = summarize(results)
     last_token_acc = sum(r[2] for r in results) / len(results)

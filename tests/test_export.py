@@ -445,7 +445,7 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
     out = tmp_path / "out.bin"
     # through the CLI: the one-line error format
-    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--checkpoint={ckpt}"]), "unknown version 3")
+    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--checkpoint={ckpt}"]), "--version=3: must be one of -1, 0, 1, 2")
     assert_one_line_error(run_cli(["export.py", str(out), "--version=1", f"--checkpoint={tmp_path / 'nope.pt'}"]),
                           "checkpoint not found")
     mistral = tmp_path / "mistral"
@@ -611,18 +611,18 @@ def test_version_is_checked_in_every_mode(tmp_path):
     tok = TOK8192
     out = tmp_path / "out"
     # the old code imported / wrote the tokenizer with rc 0 here
-    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--import_hf={hf}"]), "unknown version 3")
+    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--import_hf={hf}"]), "--version=3: must be one of")
     cases = [
-        ([str(out), "--version=9", f"--import_bin={good_bin}"], "unknown version 9"),
-        ([str(out), "--version=-2", f"--tokenizer={tok}"], "unknown version -2"),
-        ([str(out), "--version=5"], "unknown version 5"),
+        ([str(out), "--version=9", f"--import_bin={good_bin}"], "--version=9: must be one of"),
+        ([str(out), "--version=-2", f"--tokenizer={tok}"], "--version=-2: must be one of"),
+        ([str(out), "--version=5"], "--version=5: must be one of"),
         ([str(out), "--version=1", f"--import_bin={good_bin}"], "--version=1 applies only to a --checkpoint export"),
         ([str(out), "--version=0", f"--import_hf={hf}"], "--version=0 applies only to a --checkpoint export"),
         ([str(out), "--version=-1", f"--tokenizer={tok}"], "--version=-1 applies only to a --checkpoint export"),
         # --group_size only shapes v2's quantisation: elsewhere it would be silently ignored
         ([str(out), "--version=1", f"--checkpoint={ckpt}", "--group_size=32"], "--group_size=32 applies only to --version=2"),
         ([str(out), f"--checkpoint={ckpt}", "--group_size=32"], "--group_size=32 applies only to --version=2"),
-        ([str(out), "--version=2", f"--checkpoint={ckpt}", "--group_size=0"], "--group_size must be positive"),
+        ([str(out), "--version=2", f"--checkpoint={ckpt}", "--group_size=0"], "--group_size=0: must be in [1, inf)"),
     ]
     for argv, fragment in cases:
         with pytest.raises(UserError, match=re.escape(fragment)):

@@ -34,7 +34,14 @@ def save_checkpoint(ckpt: dict, path: str):
     leaves either the old file or the new one, never a truncated one."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_file(path) as f:
-        torch.save(ckpt, f)
+        try:
+            torch.save(ckpt, f)
+        except RuntimeError as e:
+            # torch's writer reports a failed write (a full disk) as a RuntimeError; the OSError
+            # underneath is what the user needs to see
+            if isinstance(e.__context__, OSError):
+                raise OSError(e.__context__.errno, e.__context__.strerror, path) from None
+            raise
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:

@@ -21,6 +21,7 @@ The generation-eval helpers at the bottom (`header_end`, `story_end`, `extract_s
 token ids of the same template, so prompts are exact prefixes of the training encoding.
 """
 import difflib
+import json
 import os
 import random
 import re
@@ -265,6 +266,42 @@ def parse_spec(filtering=None, mix_match=None, adversarial_training=None, refusa
 # naming and where things live
 
 RAW_DIR_NAME = "TinyStories_all_data"
+RECORD_SCHEMA = "{story, summary, instruction: {words, features}}"
+
+
+def load_raw_shard(path: str) -> list:
+    """The records of a raw shard (a JSON list), each checked by check_record."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except ValueError as e:  # (a UnicodeDecodeError is a ValueError too)
+        raise UserError(f"corrupt JSON shard {path}: {' '.join(str(e).split())[:120]}") from None
+    if not isinstance(data, list):
+        raise UserError(f"corrupt JSON shard {path}: expected a list of stories, got {type(data).__name__}")
+    for i, record in enumerate(data):
+        check_record(record, path, i)
+    return data
+
+
+def check_record(record, path, i):
+    """A one-line UserError naming the shard and record when a raw record does not follow the
+    TinyStories schema (a `features` string would otherwise be read letter by letter)."""
+    def bad(what):
+        return UserError(f"{path}: record {i}: {what} (TinyStories records are {RECORD_SCHEMA})")
+    if not isinstance(record, dict):
+        raise bad(f"expected an object, got {type(record).__name__}")
+    for key in ("story", "summary"):
+        if not isinstance(record.get(key), str):
+            raise bad(f"'{key}' should be a string, not {type(record.get(key)).__name__}")
+    if "sentence" in record and not isinstance(record["sentence"], str):
+        raise bad(f"'sentence' should be a string, not {type(record['sentence']).__name__}")
+    instruction = record.get("instruction")
+    if not isinstance(instruction, dict):
+        raise bad(f"'instruction' should be an object, not {type(instruction).__name__}")
+    for key in LIST_KEYS:
+        value = instruction.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(f"'instruction.{key}' should be a list of strings, not {value!r:.40}")
 
 
 def raw_data_dir(data_cache_dir: str) -> str:

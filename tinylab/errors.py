@@ -1,24 +1,24 @@
-"""One way to report bad input: a single clear line on stderr and a non-zero exit.
+"""The one error boundary: what a user sees when something goes wrong is one line and an exit code.
 
-Every command-line entry point wraps its main() with `cli_main`, and library code raises
-`UserError` for anything the user can fix (bad flag, missing dataset, incompatible checkpoint).
-Genuine bugs still raise ordinary exceptions and show a traceback.
+Every command-line entry point runs its main() through `cli_main`:
+    UserError           (bad input the user can fix)          -> "error: <message>", exit 2
+    OSError             (full disk, read-only, not a folder,  -> "error: <path>: <cause>", exit 1
+                         permission, a file that vanished)
+    KeyboardInterrupt   (Ctrl-C at any moment)                -> "error: interrupted", exit 130
+                        (temp files are removed by the writers' own cleanup; the training loop's
+                        SIGINT checkpoint is written before this point)
+Library warnings (torch, datasets, transformers) are silenced unless the user asks for them with
+python -W or PYTHONWARNINGS; the project's own notices are single printed lines. Genuine bugs
+still raise ordinary exceptions and show a traceback.
 """
+import logging
+import os
 import sys
+import warnings
 
 
 class UserError(Exception):
     """An error caused by the user's input; printed as one line, never as a traceback."""
-
-
-def cli_main(main, *args, **kwargs):
-    """Run `main`, turning UserError (and Ctrl-C before training starts) into a one-line exit."""
-    try:
-        return main(*args, **kwargs)
-    except UserError as e:
-        msg = " ".join(str(e).split("\n"))
-        print(f"error: {msg}", file=sys.stderr, flush=True)
-        sys.exit(2)
 
 
 def first_line(e: BaseException, limit: int = 160) -> str:
@@ -27,3 +27,44 @@ def first_line(e: BaseException, limit: int = 160) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:limit]}" if lines else type(e).__name__
 
+
+def os_error_line(e: OSError) -> str:
+    """'<path>: <cause>' (or '<path> -> <path2>: <cause>') of an OSError, in lower case."""
+    cause = (e.strerror or str(e) or type(e).__name__).strip()
+    cause = cause[0].lower() + cause[1:] if cause else cause
+    where = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"{' -> '.join(where)}: {cause}" if where else cause
+
+
+def quiet_library_warnings():
+    """No extra lines from libraries: warnings off (unless -W / PYTHONWARNINGS), the HF
+    libraries' loggers at errors only."""
+    if not sys.warnoptions:
+        warnings.simplefilter("ignore")
+    for name in ("datasets", "transformers", "huggingface_hub", "filelock", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _fail(message: str, code: int):
+    sys.stdout.flush()
+    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def cli_main(main, *args, **kwargs):
+    """Run `main` behind the error boundary (see the module docstring)."""
+    quiet_library_warnings()
+    try:
+        return main(*args, **kwargs)
+    except UserError as e:
+        _fail(str(e), 2)
+    except BrokenPipeError:
+        # the reader of our stdout went away (`... | head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as e:
+        _fail(os_error_line(e), 1)
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # off the ^C on the terminal line
+        _fail("interrupted", 130)

@@ -1,4 +1,13 @@
-"""TODO docstring"""
+"""Feature-presence judges for generated stories: does a story have a Twist (Dialogue, ...)? The
+fine-tuning study's "generation score" (docs/evaluation.md).
+
+  ClassifierJudge  offline: logistic regression on word unigram + bigram presence, trained on the
+                   raw stories of the data cache's train shards labelled by their own
+                   `instruction.features`, measured on the test shard (cached in <cache>/judges/)
+  LLMJudge         an OpenAI-compatible chat API with the study's 2-shot protocol (answers cached)
+  FeatureScore     pools the verdicts over the prompts that asked for the feature
+Used by evaluation/eval_features.py and by train.py's feature_eval during training.
+"""
 import glob
 import hashlib
 import json
@@ -17,6 +26,7 @@ from tinylab.dataset_spec import (
     _check_feature,
     feature_labels,
     header_fields,
+    load_raw_shard,
     raw_data_dir,
 )
 from tinylab.errors import UserError, first_line
@@ -66,14 +76,9 @@ def word_salad(text: str, rng: random.Random) -> str:
 def _raw_stories(paths, limit, feature):
     texts, labels = [], []
     for path in paths:
-        try:
-            with open(path) as f:
-                records = json.load(f)
-            for r in records[:limit - len(texts)]:
-                texts.append(r["story"])
-                labels.append(int(feature in r["instruction"]["features"]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path} is not a raw TinyStories shard ({type(e).__name__}: {e})") from None
+        for r in load_raw_shard(path)[:limit - len(texts)]:
+            texts.append(r["story"])
+            labels.append(int(feature in r["instruction"]["features"]))
         if len(texts) >= limit:
             break
     return texts, labels

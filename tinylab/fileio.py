@@ -1,6 +1,7 @@
 """Atomic writes, used by everything that writes files users rely on (datasets, checkpoints,
-exports, plots): write to a temp name beside the target, fsync, rename. A crash at any moment
-leaves the old file (or nothing), never a truncated one.
+exports, plots, config.json, metrics rewrites): write to a temp name beside the target, fsync,
+rename. A crash, a full disk or Ctrl-C at any moment leaves the old file (or nothing) and no
+temp file, never a truncated file. An OSError from the write names the target path.
 """
 import contextlib
 import os
@@ -18,7 +19,10 @@ def umask() -> int:
 def atomic_file(path: str):
     """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure
     delete it."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise _named(e, path) from None
     try:
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
         with os.fdopen(fd, "wb") as f:
@@ -26,10 +30,20 @@ def atomic_file(path: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            raise _named(e, path) from None
         raise
+
+
+def _named(e: OSError, path: str) -> OSError:
+    """The same error, naming the file the user asked for (a failed write names nothing, a
+    failed temp file names the temp)."""
+    if e.filename is not None and e.filename != path and os.path.basename(str(e.filename)).startswith(".tmp"):
+        e = OSError(e.errno, e.strerror)
+    return e if e.filename is not None else OSError(e.errno, e.strerror, path)
 
 
 def write_atomic(path: str, data: bytes):

@@ -1,4 +1,7 @@
-"""TODO docstring"""
+"""LAMBADA scoring (evaluation/eval_lambada.py; the protocol is in docs/evaluation.md): each
+passage's last word is the target, scored whole (every one of its tokens must be the greedy
+prediction) and by its log-probability, plus the older last-token-only accuracy.
+"""
 import math
 
 import torch
@@ -28,6 +31,13 @@ def lambada_items(passages, tokenizer):
             cont = tokenizer.encode(word, bos=False)
         items.append((ctx, cont))
     return items, skipped
+
+
+def fitting_items(items, max_len):
+    """(items whose continuation fits the model's window with at least one context token, number
+    left out): a word of max_len tokens or more cannot be scored by this model at all."""
+    kept = [(ctx, cont) for ctx, cont in items if len(cont) < max_len]
+    return kept, len(items) - len(kept)
 
 
 @torch.no_grad()

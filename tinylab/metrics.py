@@ -11,16 +11,7 @@ import os
 import sys
 import time
 
-# the wandb keys of every driver's config (wandb_mode: "" = wandb's own default / WANDB_MODE,
-# or online | offline | disabled)
-WANDB_CONFIG_DEFAULTS = dict(
-    wandb_log=False,
-    wandb_project="tinystories-lab",
-    wandb_run_name="",
-    wandb_entity="",
-    wandb_tags=[],
-    wandb_mode="",
-)
+from tinylab.fileio import write_atomic
 
 
 def _jsonable(v):
@@ -31,32 +22,37 @@ def _jsonable(v):
     return v
 
 
-def read_metrics(path):
-    """All records of a metrics.jsonl file (ignoring a torn last line after a crash)."""
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+def read_metrics(path, notice=True):
+    """All records of a metrics.jsonl file. A torn last line (a crash mid-write) is skipped
+    silently; other lines that are not UTF-8 JSON objects are skipped with one notice line."""
+    rows, skipped = [], 0
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    torn = lines.pop()  # after the last newline: empty, or a write cut short by a crash (no notice)
+    for raw in lines + [torn]:
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            skipped += raw is not torn
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            skipped += 1
+    if skipped and notice:
+        print(f"notice: skipped {skipped} unreadable line(s) of {path}", file=sys.stderr)
     return rows
 
 
 def truncate_metrics(path, before_iter):
     """On resume: drop records at or after the resumed iteration, which the resumed run redoes.
-    Rewritten atomically."""
+    Rewritten atomically (a full disk leaves the old file)."""
     if not os.path.exists(path):
         return
-    keep = [r for r in read_metrics(path) if r.get("iter", -1) < before_iter]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in keep:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    keep = [r for r in read_metrics(path) if isinstance(r.get("iter"), (int, float)) and r["iter"] < before_iter]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
 
 class MetricsLogger:

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""Sliding-window perplexity of a token stream (evaluation/eval_wikitext.py; docs/evaluation.md):
+every token is scored exactly once, with up to window - 1 tokens of context."""
 import torch
 import torch.nn.functional as F
 

@@ -1,4 +1,4 @@
-"""TODO docstring"""
+"""Reading runs for plots: metrics.jsonl files, run folders and sweep summaries (plot.py draws them)."""
 import json
 import math
 import os

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tinylab.dataset_spec import dataset_dir, infer_pretokenize_flags
-from tinylab.errors import UserError
+from tinylab.errors import UserError, first_line
 from tinylab.tokenizer import file_sha256
 
 PRETRAIN_SHARD_PERCENTAGE = 0.8
@@ -48,6 +48,34 @@ def _rebuild_hint(data_cache_dir, vocab_size, dataset_name, tokenizer_model):
     return cmd
 
 
+# what train.py reads from a manifest, key by key (tinystories.py pretokenize writes the rest too)
+MANIFEST_KEYS = {"format_version": int, "vocab_size": int, "tokenizer": dict, "shards": list}
+SHARD_KEYS = {"file": str, "tokens": int}
+
+
+def check_manifest(manifest, path):
+    """A one-line UserError naming the first missing or mistyped entry of a manifest."""
+    def bad(what):
+        return UserError(f"{path}: {what}; rebuild the dataset with pretokenize")
+    if not isinstance(manifest, dict):
+        raise bad(f"expected a JSON object, got {type(manifest).__name__}")
+    for key, t in MANIFEST_KEYS.items():
+        if key not in manifest:
+            raise bad(f"no '{key}' entry")
+        if not isinstance(manifest[key], t) or isinstance(manifest[key], bool):
+            raise bad(f"'{key}' should be {t.__name__}, not {type(manifest[key]).__name__}")
+    if not isinstance(manifest["tokenizer"].get("sha256"), str):
+        raise bad("'tokenizer' has no sha256 string")
+    for i, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict):
+            raise bad(f"shards[{i}] is not an object")
+        for key, t in SHARD_KEYS.items():
+            if not isinstance(shard.get(key), t) or isinstance(shard.get(key), bool):
+                raise bad(f"shards[{i}] has no {t.__name__} '{key}'")
+        if os.path.basename(shard["file"]) != shard["file"] or not shard["file"].endswith(".bin"):
+            raise bad(f"shards[{i}].file {shard['file']!r} is not a .bin file name")
+
+
 def check_dataset(data_cache_dir, vocab_size, dataset_name, tokenizer_model=None) -> dict:
     """Return the manifest of <cache>/tok{V}/<name> (vocab 0: <cache>/llama2/<name>) after checking
     that it exists, is complete, and was made with this vocabulary and tokenizer file."""
@@ -58,11 +86,12 @@ def check_dataset(data_cache_dir, vocab_size, dataset_name, tokenizer_model=None
         raise UserError(f"dataset {folder} {what}: run: "
                         f"{_rebuild_hint(data_cache_dir, vocab_size, dataset_name, tokenizer_model)}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
-    except ValueError as e:
-        raise UserError(f"corrupt {path} ({e}); rebuild the dataset with pretokenize") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
+    except ValueError as e:  # (UnicodeDecodeError is a ValueError too)
+        raise UserError(f"corrupt {path} ({first_line(e, 80)}); rebuild the dataset with pretokenize") from None
+    check_manifest(manifest, path)
+    if manifest["format_version"] != FORMAT_VERSION:
         raise UserError(f"{path} has format version {manifest.get('format_version')}, this code reads "
                         f"{FORMAT_VERSION}; rebuild the dataset with pretokenize")
     if vocab_size > 0 and manifest["vocab_size"] != vocab_size:

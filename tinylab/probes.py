@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""Per-layer linear probes on a frozen model's hidden states: can the six story features be read
+off each block's output? (evaluation/probe.py; docs/evaluation.md)"""
 import numpy as np
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""Rank classification (T0's zero-shot protocol; docs/t0.md): each answer choice scored as the sum
+of its tokens' log-probabilities given the prompt, the argmax is the prediction. Used by
+evaluation/eval_rank.py and by finetune_t0.py on validation groups with answer_choices."""
 import statistics
 
 import numpy as np

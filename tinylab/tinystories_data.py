@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -29,6 +30,7 @@ from tinylab.dataset_spec import (
     STREAM_VOCAB_TEXT,
     check_dataset_name,
     dataset_dir,
+    load_raw_shard,
     make_text,
     parse_spec,
     raw_data_dir,
@@ -65,8 +67,17 @@ def map_shards(fn, tasks, workers, initializer=None, initargs=()):
         return
     # fork: workers inherit the already-imported modules (spawn would re-import them per worker)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(min(workers, len(tasks)), initializer, initargs) as pool:
-        yield from pool.imap_unordered(fn, tasks)
+    with multiprocessing.get_context(method).Pool(min(workers, len(tasks)), _worker_init,
+                                                  (initializer, initargs)) as pool:
+        yield from pool.imap_unordered(fn, tasks)  # on Ctrl-C the parent stops the pool (terminate)
+
+
+def _worker_init(initializer, initargs):
+    # Ctrl-C reaches the whole process group: only the parent reacts (one line, temp folder
+    # removed); workers printing their own KeyboardInterrupt tracebacks would bury it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer:
+        initializer(*initargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -80,21 +91,6 @@ def raw_shards(data_cache_dir: str) -> list:
                         f"--data_cache_dir={data_cache_dir} (real TinyStories) or python tinystories.py "
                         f"synthesize --data_cache_dir={data_cache_dir} (built-in procedural corpus)")
     return shards
-
-
-def load_shard(path: str) -> list:
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"corrupt JSON shard {path}: {e}") from None
-    if not isinstance(data, list):
-        raise UserError(f"corrupt JSON shard {path}: expected a list of stories, got {type(data).__name__}")
-    return data
-
-
-def schema_error(path, i, e):
-    return UserError(f"{path}: record {i} does not follow the TinyStories schema ({type(e).__name__}: {e})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,11 +249,8 @@ def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, se
         with open(text_file, "w", encoding="utf-8") as out:
             for index, path in enumerate(progress(shards, desc="writing vocab text", unit="shard")):
                 rng = shard_rng(seed, index, STREAM_VOCAB_TEXT)
-                for i, example in enumerate(load_shard(path)):
-                    try:
-                        out.write(make_text(example, rng) + "\n")
-                    except (KeyError, TypeError, AttributeError) as e:
-                        raise schema_error(path, i, e) from None
+                for i, example in enumerate(load_raw_shard(path)):
+                    out.write(make_text(example, rng) + "\n")
         print(f"training a {vocab_size}-piece BPE vocabulary on {os.path.getsize(text_file) / 1e6:.1f} MB of text")
         # the spec's options; its self_test_sample_size=0 is the default, and newer sentencepiece
         # versions print a deprecation warning when it is passed, so it is left out
@@ -296,7 +289,7 @@ def _pretokenize_shard(task):
     to disk so memory stays bounded by the shard's JSON."""
     index, path = task
     tok, spec = _WORKER["tok"], _WORKER["spec"]
-    records = load_shard(path)
+    records = load_raw_shard(path)
     rng = shard_rng(_WORKER["seed"], index)
     name = os.path.splitext(os.path.basename(path))[0] + ".bin"
     kept = tokens = 0
@@ -305,12 +298,9 @@ def _pretokenize_shard(task):
         for start in range(0, len(records), ENCODE_CHUNK):
             texts = []
             for i in range(start, min(start + ENCODE_CHUNK, len(records))):
-                try:
-                    example = spec.transform(records[i], rng)
-                    if example is not None:
-                        texts.append(make_text(example, rng, spec.subset))
-                except (KeyError, TypeError, AttributeError) as e:
-                    raise schema_error(path, i, e) from None
+                example = spec.transform(records[i], rng)
+                if example is not None:
+                    texts.append(make_text(example, rng, spec.subset))
             if not texts:
                 continue
             ids = tok.encode_batch(texts, bos=True, eos=False)
