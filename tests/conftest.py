@@ -34,6 +34,34 @@ def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
     return proc
 
 
+def run_main(script, argv, cwd=None):
+    """Run an entry script's main(argv) in this process, behind the same error boundary as the
+    command line (errors.cli_main), and return what `run_cli` would: a CompletedProcess with
+    returncode, stdout and stderr. `script` is a path relative to the repository
+    ("train.py", "evaluation/eval_wikitext.py"). No `import torch` per call: use it wherever the
+    subprocess itself is not what a test is about."""
+    import contextlib
+    import importlib
+    import io
+
+    from tinylab.errors import cli_main
+    module = importlib.import_module(script[:-3].replace("/", "."))
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    old_cwd = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli_main(module.main, list(argv))
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(old_cwd)
+    return subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
+
+
 def kill_when_file_appears(args, path, timeout=300):
     """Run `python <args>` and SIGKILL it as soon as `path` exists (e.g. its first checkpoint);
     fails if the run ended before it could be killed."""
