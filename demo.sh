@@ -11,9 +11,11 @@ DATA=${DATA:-data/demo}
 OUT=${OUT:-out/demo}
 
 $PY tinystories.py synthesize --data_cache_dir="$DATA" --num_shards="${DEMO_SHARDS:-8}" --stories_per_shard="${DEMO_STORIES:-3000}"
-$PY tinystories.py train_vocab --data_cache_dir="$DATA" --vocab_size=512
+# a re-run keeps the tokenizer it made the first time (train_vocab never replaces one without --force)
+[ -f "$DATA/tok512.model" ] || $PY tinystories.py train_vocab --data_cache_dir="$DATA" --vocab_size=512
 $PY tinystories.py pretokenize --data_cache_dir="$DATA" --vocab_size=512
-$PY train.py configs/tiny_demo.py --data_cache_dir="$DATA" --out_dir="$OUT" "$@"
+# --overwrite=True: a re-run moves the previous demo run aside to $OUT.previous-<time> (never deletes it)
+$PY train.py configs/tiny_demo.py --data_cache_dir="$DATA" --out_dir="$OUT" --overwrite=True "$@"
 echo
 echo "=== a story sampled from $OUT/ckpt.pt ==="
 $PY sample.py --checkpoint="$OUT/ckpt.pt" --temperature=0.8 --top_k=40 --max_new_tokens=220 \

@@ -2,7 +2,7 @@
 
     python tinystories.py download    [--data_cache_dir=data]            # real TinyStories (1.6 GB)
     python tinystories.py synthesize  [--num_shards=10] [--stories_per_shard=4000] [--seed=0]
-    python tinystories.py train_vocab --vocab_size=1024 [--vocab_shards=10] [--keep_text]
+    python tinystories.py train_vocab --vocab_size=1024 [--vocab_shards=10] [--keep_text] [--force]
     python tinystories.py pretokenize --vocab_size=1024 [--filtering=...] [--mix_match=...]
         [--adversarial_training=...] [--refusal=...] [--instruction_subset=...]
         [--dataset_name=NAME] [--seed=0] [--workers=N] [--tokenizer_model=PATH]
@@ -35,7 +35,7 @@ from tinylab.tinystories_data import (
 STAGE_FLAGS = {  # which options each stage reads; any other option given is a mistake
     "download": {"data_cache_dir", "data_url"},
     "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers"},
-    "train_vocab": {"data_cache_dir", "vocab_size", "vocab_shards", "keep_text", "seed"},
+    "train_vocab": {"data_cache_dir", "vocab_size", "vocab_shards", "keep_text", "seed", "force"},
     "pretokenize": {"data_cache_dir", "vocab_size", "tokenizer_model", "filtering", "mix_match",
                     "adversarial_training", "refusal", "instruction_subset", "dataset_name", "seed", "workers"},
 }
@@ -59,6 +59,7 @@ def build_parser():
     p.add_argument("--data_url", default=DATA_URL, help="archive URL for download")
     p.add_argument("--vocab_shards", type=int, default=10, help="train_vocab: how many leading raw shards to read")
     p.add_argument("--keep_text", action="store_true", help="train_vocab: keep the training text as tiny.txt")
+    p.add_argument("--force", action="store_true", help="train_vocab: replace an existing tokenizer")
     p.add_argument("--num_shards", type=int, default=10, help="synthesize: shards (shard 0 is the test split)")
     p.add_argument("--stories_per_shard", type=int, default=4000, help="synthesize: stories per shard")
     return p
@@ -77,7 +78,7 @@ def main(argv=None):
         synthesize(args.data_cache_dir, args.num_shards, args.stories_per_shard, args.seed,
                    args.workers or default_workers())
     elif args.stage == "train_vocab":
-        train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text)
+        train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text, args.force)
     else:
         spec = parse_spec(args.filtering, args.mix_match, args.adversarial_training, args.refusal,
                           args.instruction_subset)

@@ -230,9 +230,10 @@ def synthesize(data_cache_dir: str, num_shards: int = 10, stories_per_shard: int
 # train_vocab
 
 def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, seed: int = 0,
-                keep_text: bool = False):
+                keep_text: bool = False, force: bool = False):
     """Train a sentencepiece BPE tokenizer <cache>/tok{V}.model on the template text of the first
-    `vocab_shards` raw shards (the test shard included, as for the released tok8192)."""
+    `vocab_shards` raw shards (the test shard included, as for the released tok8192). An existing
+    tokenizer (perhaps the released one, copied in) is replaced only with `force`."""
     import sentencepiece as spm
 
     if vocab_size <= 0:
@@ -243,6 +244,11 @@ def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, se
         raise UserError(f"--vocab_shards must be >= 1, got {vocab_shards}")
     shards = raw_shards(data_cache_dir)[:vocab_shards]
     prefix = os.path.join(data_cache_dir, f"tok{vocab_size}")
+    outputs = [prefix + ".model", prefix + ".vocab"] + ([os.path.join(data_cache_dir, "tiny.txt")] if keep_text else [])
+    existing = [p for p in outputs if os.path.lexists(p)]
+    if existing and not force:
+        raise UserError(f"{existing[0]} already exists (datasets made with it would no longer match a new one); "
+                        f"use --force to replace it")
     tmp = tempfile.mkdtemp(prefix=".tmp_vocab_", dir=data_cache_dir)
     try:
         text_file = os.path.join(tmp, "tiny.txt")
