@@ -96,6 +96,7 @@ def load_dataset(name, config=None, split=None, what="", fix="use a local file")
                             f"{fix}, or download it where the network works (then HF_DATASETS_OFFLINE=1 "
                             f"reads the cache)")
         mode = "not loadable"
+    datasets.utils.logging.set_verbosity_error()  # its download / cache log lines are not ours to print
     try:
         return datasets.load_dataset(name, config or None, split=split)
     except Exception as e:  # not cached, no such name / config / split, hub errors: all the user's to fix
