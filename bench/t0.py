@@ -4,12 +4,11 @@ shapes, and Adafactor vs AdamW optimizer step time.
     python bench/t0.py                                    # dim 288, 6 layers, rows of 256, batch 8, CPU
     python bench/t0.py --dim=64 --n_layers=2 --steps=3    # seconds on a laptop
     python bench/t0.py --device=cuda --dtype=bfloat16 --batch_size=64
-    python bench/t0.py --mixture=data/t0/mixture.json --tokenizer_model=data/tok8192.model
+    python bench/t0.py --mixture=data/t0/mixture.json --tokenizer_model=tokenizers/tok8192.model
 
 Data: the training sources of --mixture, or (default) the built-in multitask set (t0_demo.py)
 written to a temp folder, tokenised with --tokenizer_model (default: the released 8192-piece
-tokenizer in ../shared/tokenizers). Fill rate = non-pad fraction of the first 1000 packed rows,
-for both mixing modes. Step time = forward + backward + AdamW step of one micro-batch, median of
+tokenizer, which ships as tokenizers/tok8192.model). Fill rate = non-pad fraction of the first 1000 packed rows, for both mixing modes. Step time = forward + backward + AdamW step of one micro-batch, median of
 --steps timed steps after warm-up: "plain" is train.py's batch (causal SDPA, no mask), "packed"
 is a T0Batches batch (explicit block-diagonal bool mask, per-example positions, loss weights).
 Target: packed <= 1.15x plain. The optimizer comparison reuses bench/optimizers.py's timer.
@@ -96,8 +95,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--prefixlm", action="store_true")
     ap.add_argument("--mixture", default="")
-    ap.add_argument("--tokenizer_model", default="data/tok8192.model",
-                    help="a sentencepiece model (python tinystories.py train_vocab --vocab_size=8192 makes this one)")
+    ap.add_argument("--tokenizer_model", default=os.path.join(ROOT, "tokenizers", "tok8192.model"),
+                    help="a sentencepiece model (default: the study's released tok8192, shipped in tokenizers/)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the deletion / recovery dataset family of the fine-tuning study (spec section 10):
+# Build the deletion / recovery dataset family of the fine-tuning study (docs/data.md):
 # the capability to delete and recover is FEATURE_DELETE (D), FEATURE_IRRELEVANT (I) is the
 # unrelated feature used for specialisation and as the mix-and-match source.
 #

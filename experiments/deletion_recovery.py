@@ -1,5 +1,5 @@
 """The fine-tuning study's deletion -> recovery experiment, end to end on the built-in corpus
-(Jain et al. 2023; ../shared/spec/tinystories-data.md §10-13), sized for a 2-core CPU.
+(Jain et al. 2023; docs/evaluation.md, datasets in docs/data.md), sized for a 2-core CPU.
 
     python experiments/deletion_recovery.py                        # ~8 min on 2 idle cores
     python experiments/deletion_recovery.py --out_dir=out/dr --pretrain_iters=1000
@@ -48,7 +48,7 @@ LABELS = {"pretrain": "pretrained on all data", "control": "control: never saw {
 
 
 def dataset_specs(d):
-    """name -> pretokenize transform options of the four datasets (spec §10 names)."""
+    """name -> pretokenize transform options of the four datasets (tw_fs.sh family names, docs/data.md)."""
     return {"pretrain-all": {},
             f"filter-{d}": {"filtering": f"features!={d}"},
             f"filter-adv-{d}": {"filtering": f"features!={d}", "adversarial_training": f"features={d}:1.0"},

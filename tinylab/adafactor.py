@@ -4,7 +4,7 @@
 
 `Adafactor(params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8, beta1=None,
 weight_decay=0.0, scale_parameter=True, relative_step=True, warmup_init=False)` computes exactly
-what `transformers.optimization.Adafactor` computes (spec t0-finetuning.md §7), per parameter X
+what `transformers.optimization.Adafactor` computes (docs/t0.md §7), per parameter X
 with gradient G and its own step counter t:
     rho   = lr, or with relative_step min(1e-6 t if warmup_init else 1e-2, 1/sqrt(t))
     alpha = rho * max(eps2, RMS(X)) with scale_parameter (RMS before the update), else rho
@@ -234,7 +234,7 @@ class Adafactor(torch.optim.Optimizer):
         return dict(zip(names, values))
 
     def step_size_metrics(self):
-        """The spec's logging of the effective step size: alpha of a few named tensors (embedding,
+        """T0-style logging of the effective step size: alpha of a few named tensors (embedding,
         first layer's wq, last layer's w2, final norm) and the mean over all tensors (not a global
         LR: with scale_parameter alpha is relative to each tensor's RMS)."""
         alphas = self.step_sizes()

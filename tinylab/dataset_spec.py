@@ -434,7 +434,7 @@ def make_text(example: dict, rng: random.Random, subset=None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# generation-eval helpers (spec section 13)
+# generation-eval helpers (docs/evaluation.md, "In training")
 
 def _ids(tokens):
     return [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]

@@ -37,7 +37,7 @@ def _fp32_bytes(t):
     return t.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4", copy=False).tobytes()
 
 
-# ---------------------------------------------------------------------- llama2.c .bin (spec section 1)
+# ---------------------------------------------------------------------- llama2.c .bin (docs/interop.md section 1)
 
 def shared_classifier(model: Transformer) -> bool:
     # llama2.c's test: an untied head that happens to equal the embedding is written once too
@@ -274,7 +274,7 @@ def export_tokenizer(model_path, out_path, log=print):
     log(f"wrote {out_path} ({len(tokens)} tokens, max token length {max_len})")
 
 
-# ---------------------------------------------------------------------- HF Llama (spec sections 2-3)
+# ---------------------------------------------------------------------- HF Llama (docs/interop.md sections 2-3)
 
 def permute_rope(w, n_heads):
     """Meta/llama2.c rows -> HF rows within each head: HF row j*(h/2)+i <- Meta row 2i+j."""

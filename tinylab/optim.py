@@ -66,7 +66,7 @@ def lr_at(it, cfg, rewarmup=None):
     lr_scheduling=False (the "no_lrs" configs): constant learning_rate.
     Otherwise: linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters
     (default max_iters), constant min_lr after. decay_lr=False also gives a constant rate.
-    rewarmup={"start": R0, "iters": R_w, "shift": k} (after target-mode growth, spec §6.3): the
+    rewarmup={"start": R0, "iters": R_w, "shift": k} (after target-mode growth, docs/growth.md §6.3): the
     schedule is read at position s = it - k. Growth at iteration R0 put the position at
     R = R0 - k (S_target); for R <= s < R + R_w the rate is (s - R)/R_w * schedule(R + R_w),
     a ramp from 0 at S_target to the fixed value schedule(S_target + R_w), then the schedule.

@@ -258,8 +258,9 @@ def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, se
                 for i, example in enumerate(load_raw_shard(path)):
                     out.write(make_text(example, rng) + "\n")
         print(f"training a {vocab_size}-piece BPE vocabulary on {os.path.getsize(text_file) / 1e6:.1f} MB of text")
-        # the spec's options; its self_test_sample_size=0 is the default, and newer sentencepiece
-        # versions print a deprecation warning when it is passed, so it is left out
+        # the original's options (docs/data.md, "Tokenizers"); its self_test_sample_size=0 is the
+        # default, and newer sentencepiece versions print a deprecation warning when it is passed,
+        # so it is left out
         try:
             spm.SentencePieceTrainer.train(
                 input=text_file, model_prefix=os.path.join(tmp, f"tok{vocab_size}"), model_type="bpe",
