@@ -19,8 +19,6 @@ An existing output is replaced only with --force, and an import never replaces a
 """
 import os
 
-import torch
-
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from tinylab.config import Key, Schema
 from tinylab.errors import UserError, cli_main
@@ -52,6 +50,8 @@ SCHEMA = Schema("export.py", [("export / import", [
 def training_checkpoint(path):
     """Why an import must not replace `path`: it is a training checkpoint (optimizer state, an
     iteration count), which an import would turn into weights only. None for anything else."""
+    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
+
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001  not a checkpoint at all: an ordinary file (--force replaces it)

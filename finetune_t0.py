@@ -75,12 +75,12 @@ def main(argv=None):
         fill.next_rows(256)
         report = {"sources": data.report, "fill_rate_first_256_rows": fill.fill_rate(), "mixing": cfg["mixing"],
                   "held_out": [g["source"].name for g in data.valid if g["held_out"]]}
-        start_run(run_dir, cfg)
+        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt), best_metric="loss/valid")
+        start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         run_dir.write_json("data_report.json", report)
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters; rows of {cfg['max_seq_len'] + 1} tokens, "
                   f"fill rate {fill.fill_rate():.3f} (first 256 rows, mixing={cfg['mixing']})")
-        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt), best_metric="loss/valid")
         if run.master:
             trainer.logger.log({"iter": trainer.iter_num, "data": report}, kind="data")
         fit_and_close(trainer, run)

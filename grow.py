@@ -9,7 +9,6 @@ run); the math is in docs/growth.md, the flags in tinylab/schema.py (GROW).
 """
 import os
 
-from model import ModelArgs
 from tinylab.checkpoint import load_checkpoint, save_checkpoint
 from tinylab.errors import cli_main
 from tinylab.growth import GrowthOptions, grow_checkpoint
@@ -30,6 +29,8 @@ def main(argv=None):
         cfg = {**TRAIN.defaults(), **(ckpt.get("config") or {})}
         grown = grow_checkpoint(ckpt, opts, cfg)
         # the summary is built before the write, so nothing can fail after it
+        from model import ModelArgs  # not at the top: tinylab loads first (its Ctrl-C hook, errors.py)
+
         old, new = ModelArgs.from_dict(ckpt["model_args"]), grown["model_args"]
         sched = grown.get("lr_rewarmup") or {}
         was = ckpt["iter_num"] - (ckpt.get("lr_rewarmup") or {}).get("shift", 0)

@@ -11,8 +11,6 @@ tinylab/schema.py's SAMPLE.
 """
 import sys
 
-import torch
-
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, cli_main
 from tinylab.schema import SAMPLE
@@ -33,6 +31,8 @@ def read_prompt(start: str) -> str:
 
 
 def main(argv=None):
+    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
+
     a = SAMPLE.parse_args(argv, SAMPLE.argparser(__doc__.split("\n\n")[0]))
     start = read_prompt(a.start)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

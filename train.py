@@ -49,12 +49,12 @@ def main(argv=None):
                               world_size=run.dist.world_size, split_shards_pretrain=cfg["split_shards_pretrain"],
                               pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device)
         evaluator = LMEvaluator(cfg, run, tokenizer)
-        start_run(run_dir, cfg)
+        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
+                          generation_every=cfg["generation_eval_interval_multiplier"])
+        start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "
                   f"dim {model.params.dim}")
-        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
-                          generation_every=cfg["generation_eval_interval_multiplier"])
         schedule = parse_grow_schedule(cfg)
         if schedule:
             trainer.step_hooks.append(GrowthHook(schedule))

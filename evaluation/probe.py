@@ -19,8 +19,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch
-
 from tinylab.config import Key
 from tinylab.errors import cli_main
 from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
@@ -45,6 +43,7 @@ def main(argv=None):
     model, ckpt, tok = load_for_args(a)
     cache, vocab = cache_dir_of(ckpt, a.data_cache_dir), layout_vocab(ckpt, tok)
     check_dataset(cache, vocab, a.dataset, tok.model_path)
+    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
     torch.manual_seed(a.seed)
     r = run_probes(model, tok, dataset_dir(cache, vocab, a.dataset), a.num_train, a.num_test, a.iters, a.lr,
                    a.probe_batch_size, a.pool, a.seed)

@@ -21,3 +21,6 @@ Start here: train.py -> schema.TRAIN (its keys) -> trainer.Trainer (the one loop
 model.py stays at the root, where llama2.c users import it from; the package imports it from
 there. Nothing here imports an entry script (tests/test_layout.py checks it).
 """
+from tinylab.errors import install_interrupt_hook
+
+install_interrupt_hook()  # Ctrl-C while the entry script's imports load: one line, exit 130 (errors.py)

@@ -32,8 +32,7 @@ FORMAT_VERSION = 1
 def save_checkpoint(ckpt: dict, path: str):
     """torch.save through a temp file beside `path`, fsync'd and renamed: a kill at any moment
     leaves either the old file or the new one, never a truncated one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_file(path) as f:
+    with atomic_file(path, parents=True) as f:  # a folder it creates is removed again if the write fails
         try:
             torch.save(ckpt, f)
         except RuntimeError as e:

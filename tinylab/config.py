@@ -323,9 +323,20 @@ class _ArgConverter:
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message."""
+    """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message;
+    a mistyped flag gets the closest real one suggested, as the drivers' keys do."""
 
     def error(self, message):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            flags = [s for a in self._actions for s in a.option_strings if a.help != argparse.SUPPRESS]
+            for arg in message[len(prefix):].split():
+                name = arg.split("=", 1)[0]
+                if name.startswith("--"):
+                    match = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+                    if match:
+                        message += f" (did you mean {match[0]}?)"
+                        break
         raise UserError(f"{message} (see python {self.prog} --help)")
 
 

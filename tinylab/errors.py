@@ -51,6 +51,26 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+def _interrupted_while_loading(exc_type, exc, tb, _previous=sys.excepthook):
+    """Ctrl-C before cli_main runs, while a command's modules still load (`import torch` alone
+    takes a second or two): nothing has been written yet, so the same line and exit code as at
+    any later moment, not an import traceback. Installed when the package is first imported
+    (tinylab/__init__.py), which every entry script does before it imports torch."""
+    if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        try:
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001  a closed or broken stdout must not hide the line
+            pass
+        print("error: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)  # an uncaught KeyboardInterrupt would otherwise end the process by SIGINT
+    _previous(exc_type, exc, tb)
+
+
+def install_interrupt_hook():
+    if sys.excepthook is not _interrupted_while_loading:
+        sys.excepthook = _interrupted_while_loading
+
+
 def cli_main(main, *args, **kwargs):
     """Run `main` behind the error boundary (see the module docstring)."""
     quiet_library_warnings()

@@ -15,6 +15,7 @@ from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, first_line
 from tinylab.fileio import write_atomic
 from tinylab.interop import imported_checkpoint, read_hf
+from tinylab.rundir import check_output_file
 from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
 
 
@@ -38,7 +39,11 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
 
 
 def load_for_args(a):
-    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's)."""
+    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's);
+    first, before any work, the output files asked for must be writable (replaced if they exist)."""
+    for flag in ("out", "generations_out"):
+        if getattr(a, flag, ""):
+            check_output_file(getattr(a, flag), force=True, what=f"--{flag}")
     model, ckpt = load_model(a.checkpoint, a.device, a.dtype)
     return model, ckpt, model_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)
 
@@ -103,8 +108,11 @@ def read_rows(path: str, field: str = "text") -> list:
         if field not in table.column_names:
             raise UserError(f"{path} has no '{field}' column (columns: {', '.join(table.column_names)})")
         return [str(v) for v in table.column(field).to_pylist()]
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines(keepends=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if ext not in (".jsonl", ".json"):
         return lines
     rows = []

@@ -16,12 +16,14 @@ def umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str):
+def atomic_file(path: str, parents: bool = False):
     """Open a temp file beside `path`; on success fsync and rename it over `path`, on failure
-    delete it."""
+    delete it. `parents`: create missing parent folders first, and remove them again on failure."""
+    created = _make_parents(path) if parents else []
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=os.path.dirname(os.path.abspath(path)))
     except OSError as e:
+        _remove_folders(created)
         raise _named(e, path) from None
     try:
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
@@ -33,9 +35,31 @@ def atomic_file(path: str):
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        _remove_folders(created)
         if isinstance(e, OSError):
             raise _named(e, path) from None
         raise
+
+
+def _make_parents(path: str) -> list:
+    """Create the missing folders above `path`; returns them, deepest first."""
+    parent = os.path.dirname(os.path.abspath(path))
+    created, p = [], parent
+    while not os.path.isdir(p):
+        created.append(p)
+        p = os.path.dirname(p)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        _remove_folders(created)
+        raise _named(e, path) from None
+    return created
+
+
+def _remove_folders(folders):
+    for d in folders:  # only empty ones: never anything else that is there
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 def _named(e: OSError, path: str) -> OSError:
@@ -62,8 +86,14 @@ def building_dir(final: str):
     while not os.path.isdir(p):
         created.append(p)
         p = os.path.dirname(p)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+    except OSError as e:  # named by the folder asked for, not by a temp name that never existed
+        for d in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        raise OSError(e.errno, e.strerror, final) from None
     try:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; give what makedirs would
         yield tmp
@@ -76,9 +106,21 @@ def building_dir(final: str):
             shutil.rmtree(old)
         else:
             os.rename(tmp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         for d in created:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+        if isinstance(e, OSError) and (e.filename is None or _inside(e.filename, tmp)):
+            # a failed write inside the temp folder (a full disk) names what the user asked for,
+            # not the hidden temp folder that was just deleted (a plain f.write names nothing)
+            where = final if e.filename is None else os.path.join(final, os.path.relpath(os.fspath(e.filename), tmp))
+            raise OSError(e.errno, e.strerror, where) from None
         raise
+
+
+def _inside(path, folder) -> bool:
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    path = os.path.abspath(os.fspath(path))
+    return path == folder or path.startswith(folder + os.sep)

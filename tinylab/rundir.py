@@ -36,13 +36,15 @@ def _nearest_existing(path):
     return p
 
 
-def _check_creatable(path, what):
-    """The nearest existing folder on the way to `path` must be a writable folder."""
+def _check_creatable(path, what, shown=None):
+    """The nearest existing folder on the way to `path` must be a writable folder (the message
+    names `shown`, the output itself, when `path` is the folder it goes into)."""
     existing = _nearest_existing(path)
+    shown = shown or path
     if not os.path.isdir(existing):
-        raise UserError(f"{what} {path}: {existing} exists and is not a folder")
+        raise UserError(f"{what} {shown}: {existing} exists and is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {path}: {existing} is not writable")
+        raise UserError(f"{what} {shown}: {existing} is not writable")
 
 
 class RunDir:
@@ -101,7 +103,10 @@ class RunDir:
         """Release the lock; a folder created for a run that never started is removed again."""
         if self.lock_fd is None:
             return
-        if not self.committed:
+        if not self.committed and self.created:
+            # only in a folder this process made (and removes): unlinking a lock file another
+            # process may have open would let a third one lock a fresh file beside it. Unlinked
+            # while still held, so whoever opened it already fails its own flock
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.path, LOCK_NAME))
         os.close(self.lock_fd)  # releases the flock
@@ -170,7 +175,7 @@ def check_output_file(path: str, force: bool, what="output", protect=None):
             raise UserError(f"{what} {path} {reason}; write to another path")
         if not force:
             raise UserError(f"{what} {path} already exists (use --force to replace it)")
-    _check_creatable(os.path.dirname(os.path.abspath(path)), what)
+    _check_creatable(os.path.dirname(os.path.abspath(path)), what, shown=path)
     return path
 
 

@@ -126,10 +126,12 @@ def load_sweep(path):
     if not os.path.isfile(path):
         raise UserError(f"sweep file not found: {path}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             sweep = yaml.safe_load(f)
     except yaml.YAMLError as e:
         raise UserError(f"{path} is not valid YAML ({' '.join(str(e).split())[:160]})")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not isinstance(sweep, dict):
         raise UserError(f"{path} is not a sweep configuration (expected a mapping with program, method, parameters)")
     try:

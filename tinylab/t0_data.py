@@ -1,4 +1,4 @@
-"""T0-style multitask data (spec ../shared/spec/t0-finetuning.md §1-6): a mixture file of prompted
+"""T0-style multitask data (docs/t0.md §1-6): a mixture file of prompted
 datasets -> tokenised (input, target) examples -> rows packed greedily from the weighted mixture
 -> model batches with block-diagonal (causal or prefix-LM) attention masks, per-example position
 ids and target-only loss weights.
@@ -135,10 +135,12 @@ def load_mixture(path):
     if not os.path.isfile(path):
         raise UserError(f"mixture file {path} not found")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             spec = json.load(f)
     except json.JSONDecodeError as e:
         raise UserError(f"mixture file {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    except UnicodeDecodeError as e:
+        raise UserError(f"mixture file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not isinstance(spec, dict) or "train" not in spec:
         raise UserError(f"mixture file {path}: needs a top-level object with field 'train' (and 'valid')")
     unknown = sorted(set(spec) - {"train", "valid", "max_examples_per_dataset"})
@@ -170,7 +172,7 @@ def load_mixture(path):
 
 
 def resolve_weights(train, sizes):
-    """Numeric weights: given ones as they are; "examples" (T0, spec §3): the source's number of
+    """Numeric weights: given ones as they are; "examples" (T0, docs/t0.md §3): the source's number of
     examples, but a dataset with more than `cap` examples gives each of its k prompts cap // k."""
     prompts = {}
     for src in train:

@@ -249,7 +249,10 @@ def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, se
     if existing and not force:
         raise UserError(f"{existing[0]} already exists (datasets made with it would no longer match a new one); "
                         f"use --force to replace it")
-    tmp = tempfile.mkdtemp(prefix=".tmp_vocab_", dir=data_cache_dir)
+    try:
+        tmp = tempfile.mkdtemp(prefix=".tmp_vocab_", dir=data_cache_dir)
+    except OSError as e:  # named by the tokenizer asked for, not by a temp name that never existed
+        raise OSError(e.errno, e.strerror, prefix + ".model") from None
     try:
         text_file = os.path.join(tmp, "tiny.txt")
         with open(text_file, "w", encoding="utf-8") as out:

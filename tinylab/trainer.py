@@ -183,11 +183,15 @@ def open_run_folder(cfg, run) -> RunDir:
     return rd
 
 
-def start_run(rd: RunDir, cfg):
-    """Everything is checked and loaded: move an old run aside (overwrite=True), write the
-    resolved config.json, and keep the folder from now on."""
+def start_run(rd: RunDir, cfg, trainer=None):
+    """Everything is checked and loaded (the Trainer has accepted the checkpoint's optimizer
+    state): move an old run aside (overwrite=True), open the trainer's metrics log (on resume:
+    drop the records the resumed run redoes), write the resolved config.json, and keep the folder
+    from now on. A run refused before this point leaves an old run's files as they were."""
     if not resumes_run(cfg) and cfg["overwrite"]:
         rd.move_aside()
+    if trainer is not None:
+        trainer.open_log()
     rd.write_json("config.json", cfg)
     rd.commit()
 
@@ -226,12 +230,18 @@ class Trainer:
         self.out_dir = cfg["out_dir"]
         self.install(model, ckpt)
         self.start_iter = self.iter_num
-        resume_iter = self.iter_num if ckpt is not None else None
-        self.logger = MetricsLogger(self.out_dir, cfg, enabled=run.master, resume_iter=resume_iter)
+        self.resume_iter = self.iter_num if ckpt is not None else None
+        self.logger = None  # opened by start_run (or fit), once nothing can refuse the run any more
         self.stop_requested = False
         self.improved_since_save = False  # always_save_checkpoint=False saves only after an improvement
         # hook(trainer, next_batch) after every optimizer step; train.py installs in-run growth here
         self.step_hooks = []
+
+    def open_log(self):
+        """The run's metrics.jsonl (and wandb): a resumed run first drops the records it redoes."""
+        if self.logger is None:
+            self.logger = MetricsLogger(self.out_dir, self.cfg, enabled=self.run.master, resume_iter=self.resume_iter)
+        return self.logger
 
     # -- model / optimizer / state
 
@@ -371,6 +381,7 @@ class Trainer:
 
     def fit(self):
         run = self.run
+        self.open_log()
         self.first_bad_iter = torch.full((), -1, dtype=torch.long, device=run.device)
         # every rank handles SIGINT (torchrun forwards it to all); they agree on the stop iteration
         previous = signal.signal(signal.SIGINT, self._on_sigint)
