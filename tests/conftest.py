@@ -1,4 +1,19 @@
-"""Shared test helpers: paths, a CLI runner, and environment that keeps tests offline."""
+"""Shared test helpers, used by every test file (no per-file copies):
+
+    paths           REPO, TOK8192, LLAMA2_TOKENIZER, WIKITEXT, PYTHON
+    entry scripts   run_main (in this process: the default), run_cli (a real subprocess: only where
+                    the process is what is tested: exit by signal, torchrun/DDP, fresh imports, a
+                    shell script), kill_when_file_appears, assert_one_line_error
+    models          tiny_model, save_tiny_checkpoint
+    data            fixtures tiny_corpus and lab_corpus (session-scoped, read-only), t0_setup
+                    (make_t0_setup, t0_args)
+    run outputs     read_metrics, records, train_losses (metrics.jsonl through tinylab.metrics)
+
+Tests run with one torch thread, as the subprocesses did (OMP_NUM_THREADS=1): tiny models are
+fastest so, and a 2-core machine shared with other jobs does not oversubscribe. Tests that take
+more than a few seconds end to end are marked `slow` (pytest.ini): `pytest -m "not slow"` is the
+quick loop; CI runs everything.
+"""
 import os
 import subprocess
 import sys
@@ -34,12 +49,14 @@ def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
     return proc
 
 
-def run_main(script, argv, cwd=None):
+def run_main(script, argv, cwd=None, env=None, check=False):
     """Run an entry script's main(argv) in this process, behind the same error boundary as the
     command line (errors.cli_main), and return what `run_cli` would: a CompletedProcess with
     returncode, stdout and stderr. `script` is a path relative to the repository
     ("train.py", "evaluation/eval_wikitext.py"). No `import torch` per call: use it wherever the
-    subprocess itself is not what a test is about."""
+    subprocess itself is not what a test is about. During the call sys.argv is the command line
+    (argparse names the script in its messages), `env` entries are set in os.environ (None
+    removes one) and `cwd` is the working directory; all three are restored afterwards."""
     import contextlib
     import importlib
     import io
@@ -48,18 +65,34 @@ def run_main(script, argv, cwd=None):
     module = importlib.import_module(script[:-3].replace("/", "."))
     out, err = io.StringIO(), io.StringIO()
     code = 0
-    old_cwd = os.getcwd()
+    old_cwd, old_argv = os.getcwd(), sys.argv
+    old_env = {k: os.environ.get(k) for k in (env or {})}
     try:
+        for k, v in (env or {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if cwd:
             os.chdir(cwd)
+        sys.argv = [script, *argv]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 cli_main(module.main, list(argv))
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
+        sys.argv = old_argv
         os.chdir(old_cwd)
-    return subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    proc = subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{script} failed ({code}): {argv}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
 
 
 def kill_when_file_appears(args, path, timeout=300):
@@ -88,6 +121,73 @@ def assert_one_line_error(proc, *fragments):
         assert frag in lines[0], (frag, lines[0])
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """One torch thread for the whole session, as the subprocesses had (OMP_NUM_THREADS=1)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------- tiny models and checkpoints
+
+TINY_ARGS = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=8192, multiple_of=16, max_seq_len=64)
+
+
+def tiny_model(seed=0, dtype=None, **args):
+    """A small random Transformer in eval mode: ModelArgs(**TINY_ARGS, **args) built right after
+    torch.manual_seed(seed) (so the same arguments give the same weights), cast to `dtype`."""
+    import torch
+
+    from model import ModelArgs, Transformer
+    torch.manual_seed(seed)
+    model = Transformer(ModelArgs(**{**TINY_ARGS, **args}))
+    return (model if dtype is None else model.to(dtype)).eval()
+
+
+def save_tiny_checkpoint(path, model=None, cache_dir=None, config=None, **fields):
+    """Save `model` (default: tiny_model()) as a checkpoint file at `path` (returned): its weights,
+    model_args, iter_num 0 and a config naming its tokenizer: the data cache `cache_dir` (so
+    cache_dir/tok{vocab}.model), or else the released tok8192 directly. `config` replaces that
+    config, `fields` add or replace top-level entries (iter_num, optimizer, ...)."""
+    from tinylab import checkpoint as ckpt_lib
+    model = tiny_model() if model is None else model
+    vocab = model.params.vocab_size
+    if config is None:
+        config = ({"vocab_size": vocab, "vocab_source": "custom", "data_cache_dir": cache_dir} if cache_dir
+                  else {"tokenizer_model": TOK8192, "vocab_size": vocab})
+    ckpt_lib.save_checkpoint({"model": model.state_dict(), "model_args": ckpt_lib.model_args_dict(model),
+                              "iter_num": 0, "config": config, **fields}, str(path))
+    return str(path)
+
+
+# ---------------------------------------------------------------------- run outputs
+
+def read_metrics(run):
+    """Every record of a run's metrics.jsonl (`run`: the run folder or the file), read with
+    tinylab.metrics.read_metrics; unlike it, a line that is not a JSON record fails the test."""
+    from tinylab import metrics
+    path = os.path.join(run, "metrics.jsonl") if os.path.isdir(run) else run
+    rows = metrics.read_metrics(path, notice=False)
+    lines = [line for line in open(path, "rb").read().split(b"\n") if line.strip()]
+    assert len(rows) == len(lines), f"{path}: {len(lines) - len(rows)} line(s) are not JSON records"
+    return rows
+
+
+def records(run, kind):
+    """The records of one kind ("train", "eval", "table", "growth", ...)."""
+    return [r for r in read_metrics(run) if r.get("kind") == kind]
+
+
+def train_losses(run):
+    """{iteration: loss/train} of the run's train records."""
+    return {r["iter"]: r["loss/train"] for r in records(run, "train")}
+
+
+# ---------------------------------------------------------------------- data
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     """A small data cache shared by the whole test session (treat it as read-only):
@@ -115,3 +215,66 @@ def tiny_corpus(tmp_path_factory):
     return SimpleNamespace(cache_dir=cache, raw_dir=raw, vocab_size=8192, tokenizer_model=tok,
                            dataset_name="pretrain-all", dataset_dir=os.path.join(cache, "tok8192", "pretrain-all"),
                            num_shards=num_shards, stories_per_shard=per_shard, manifest=manifest)
+
+
+@pytest.fixture(scope="session")
+def lab_corpus(tiny_corpus, tmp_path_factory):
+    """tiny_corpus's raw shards (a link to them; 3 x 300 stories, shard 0 the test split) in a
+    data cache of its own with more datasets (treat it as read-only; the classifier judge caches
+    itself in cache_dir/judges/, as it does in any data cache):
+
+        tok8192.model, tok8192/pretrain-all, tok8192/filter-adv-Twist     the released tokenizer
+        tok1024.model (train_vocab), tok1024/<the default spec name>, tok1024/filter-Twist
+
+    Returns a SimpleNamespace: cache_dir, raw_dir, tokenizer_model (tok8192), num_shards,
+    stories_per_shard, and dataset(name, vocab=8192) -> the dataset's folder.
+    """
+    import shutil
+    from types import SimpleNamespace
+
+    from tinylab import tinystories_data as tinystories
+    from tinylab.dataset_spec import parse_spec
+
+    cache = str(tmp_path_factory.mktemp("lab_corpus"))
+    raw = os.path.join(cache, "TinyStories_all_data")
+    os.symlink(tiny_corpus.raw_dir, raw)
+    tok = os.path.join(cache, "tok8192.model")
+    shutil.copy(TOK8192, tok)
+    tinystories.train_vocab(cache, 1024, vocab_shards=10, seed=0)
+    for vocab, name, spec in [
+            (8192, "pretrain-all", parse_spec()),
+            (8192, "filter-adv-Twist", parse_spec(filtering="features!=Twist", adversarial_training="features=Twist:1.0")),
+            (1024, None, parse_spec()),  # train.py's default dataset_name: the spec string
+            (1024, "filter-Twist", parse_spec(filtering="features!=Twist"))]:
+        tinystories.pretokenize(cache, vocab, spec, dataset_name=name, seed=0, workers=1)
+    return SimpleNamespace(cache_dir=cache, raw_dir=raw, tokenizer_model=tok, num_shards=tiny_corpus.num_shards,
+                           stories_per_shard=tiny_corpus.stories_per_shard,
+                           dataset=lambda name, vocab=8192: os.path.join(cache, f"tok{vocab}", name))
+
+
+# ---------------------------------------------------------------------- T0 finetuning
+
+def make_t0_setup(root):
+    """root/demo/mixture.json (+ task files: the built-in multitask set, 40 training and 10
+    validation rows per task) and root/base/ckpt.pt (a tiny random base model, max_seq_len 128,
+    naming the released tok8192); returns (mixture, base_dir)."""
+    from tinylab.t0_demo import write_demo_data
+    demo, base = os.path.join(root, "demo"), os.path.join(root, "base")
+    write_demo_data(demo, seed=0, n_train=40, n_valid=10)
+    save_tiny_checkpoint(os.path.join(base, "ckpt.pt"), tiny_model(max_seq_len=128))
+    return os.path.join(demo, "mixture.json"), base
+
+
+@pytest.fixture(scope="session")
+def t0_setup(tmp_path_factory):
+    """make_t0_setup once per session (read-only): (mixture, base_dir)."""
+    return make_t0_setup(str(tmp_path_factory.mktemp("t0")))
+
+
+def t0_args(mixture, base, out_dir, **over):
+    """finetune_t0.py's argv (without the script) of a tiny run on the T0 setup."""
+    cfg = dict(mixture=mixture, model_dir=base, out_dir=out_dir, batch_size=4, gradient_accumulation_steps=2,
+               learning_rate=3e-3, max_iters=12, eval_interval=6, eval_iters=1, log_interval=1, rank_eval_examples=6,
+               device="cpu", dtype="float32")
+    cfg.update(over)
+    return [f"--{k}={v}" for k, v in cfg.items()]

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model as shared_tiny_model
 from transformers.optimization import (
     Adafactor as HFAdafactor,  # a test dependency: never skipped
 )
 
-from model import ModelArgs, Transformer
 from tinylab import optim
 from tinylab.adafactor import Adafactor
 from tinylab.errors import UserError
@@ -170,8 +170,8 @@ def test_factored_state_is_sublinear_and_min_dim_size():
 # --- 20 steps against transformers.Adafactor ---------------------------------------------------
 
 def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    return Transformer(ModelArgs(dim=32, n_layers=1, n_heads=2, vocab_size=50, multiple_of=8, max_seq_len=16))
+    return shared_tiny_model(seed=seed, dim=32, n_layers=1, n_heads=2, n_kv_heads=None, vocab_size=50, multiple_of=8,
+                             max_seq_len=16).train()
 
 
 HF_CONFIGS = [

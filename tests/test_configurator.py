@@ -4,7 +4,7 @@ import glob
 import os
 
 import pytest
-from conftest import REPO, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, run_main
 
 from tinylab.config import Key, Schema
 from tinylab.errors import UserError
@@ -171,13 +171,14 @@ def test_tool_flags_share_the_validation():
 
 
 def test_cli_errors_are_one_line():
-    assert_one_line_error(run_cli(["train.py", "--learnin_rate=1"]), "learning_rate")
-    assert_one_line_error(run_cli(["train.py", "--max_iters", "5"]), "use --key=value")
-    assert_one_line_error(run_cli(["train.py", "configs/nope.py"]), "config file not found")
+    # from the repository root, as a user runs it (configs/... is relative)
+    assert_one_line_error(run_main("train.py", ["--learnin_rate=1"], cwd=REPO), "learning_rate")
+    assert_one_line_error(run_main("train.py", ["--max_iters", "5"], cwd=REPO), "use --key=value")
+    assert_one_line_error(run_main("train.py", ["configs/nope.py"], cwd=REPO), "config file not found")
 
 
 def test_help_prints_the_schema():
-    proc = run_cli(["train.py", "--help"])
+    proc = run_main("train.py", ["--help"])
     assert proc.returncode == 0
     for name, key in TRAIN.keys.items():
         assert f"--{name}" in proc.stdout and key.help in proc.stdout

@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_main
 
 from tinylab import tinystories_data as tinystories
 from tinylab.errors import UserError
@@ -93,12 +93,12 @@ def shards_in(cache):
 
 def test_download_unpack_and_idempotent_via_cli(serve, tmp_path):
     server = serve(GOOD_TAR)
-    proc = run_cli(["tinystories.py", "download", f"--data_cache_dir={tmp_path}", f"--data_url={server.url}"])
+    proc = run_main("tinystories.py", ["download", f"--data_cache_dir={tmp_path}", f"--data_url={server.url}"])
     assert proc.returncode == 0, proc.stderr
     assert shards_in(tmp_path) == SHARDS
     assert open(tmp_path / "TinyStories_all_data.tar.gz", "rb").read() == GOOD_TAR
     assert server.requests == [None]
-    proc = run_cli(["tinystories.py", "download", f"--data_cache_dir={tmp_path}", f"--data_url={server.url}"])
+    proc = run_main("tinystories.py", ["download", f"--data_cache_dir={tmp_path}", f"--data_url={server.url}"])
     assert proc.returncode == 0 and "nothing to do" in proc.stdout
     assert server.requests == [None]  # idempotent: no second request
     assert sorted(os.listdir(tmp_path)) == ["TinyStories_all_data", "TinyStories_all_data.tar.gz"]
@@ -149,7 +149,7 @@ def test_symlink_member_is_refused(serve, tmp_path):
 
 def test_http_error_and_corrupt_archive(serve, tmp_path):
     server = serve(b"", status=404)
-    proc = run_cli(["tinystories.py", "download", f"--data_cache_dir={tmp_path / 'a'}", f"--data_url={server.url}"])
+    proc = run_main("tinystories.py", ["download", f"--data_cache_dir={tmp_path / 'a'}", f"--data_url={server.url}"])
     assert_one_line_error(proc, "HTTP 404")
     server = serve(b"this is not a tarball" * 100)
     with pytest.raises(UserError, match="not a readable tar.gz.*delete it"):

@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import LLAMA2_TOKENIZER, TOK8192, assert_one_line_error, run_cli
+from conftest import LLAMA2_TOKENIZER, TOK8192, assert_one_line_error, run_main
 
 from tinylab import tinystories_data as tinystories
 from tinylab.dataset_spec import parse_spec
@@ -208,19 +208,19 @@ BAD = [
 def test_bad_input(bad_cache, flags, which, fragments):
     cache = bad_cache[which]
     before = tree(cache) if os.path.exists(cache) else None
-    args = ["tinystories.py", "pretokenize", f"--data_cache_dir={cache}"]
+    args = ["pretokenize", f"--data_cache_dir={cache}"]
     if not any(f.startswith("--vocab_size") for f in flags):
         args.append("--vocab_size=8192")
-    proc = run_cli(args + flags + ["--workers=2"] * (not any("workers" in f for f in flags)))
+    proc = run_main("tinystories.py", args + flags + ["--workers=2"] * (not any("workers" in f for f in flags)))
     assert_one_line_error(proc, *fragments)
     assert (tree(cache) if os.path.exists(cache) else None) == before
 
 
 def test_bad_stage_and_train_vocab_inputs(bad_cache):
-    assert_one_line_error(run_cli(["tinystories.py", "pretokenise"]), "invalid choice")
-    assert_one_line_error(run_cli(["tinystories.py", "train_vocab", f"--data_cache_dir={bad_cache['ok']}"]),
-                          "--vocab_size > 0")
-    assert_one_line_error(run_cli(["tinystories.py", "train_vocab", "--vocab_size=512",
-                                   f"--data_cache_dir={bad_cache['corrupt']}"]), "data01.json")
-    assert_one_line_error(run_cli(["tinystories.py", "download", "--filtering=features=Twist"]),
-                          "does not apply to download")
+    def tinystories(*argv):
+        return run_main("tinystories.py", list(argv))
+    assert_one_line_error(tinystories("pretokenise"), "invalid choice")
+    assert_one_line_error(tinystories("train_vocab", f"--data_cache_dir={bad_cache['ok']}"), "--vocab_size > 0")
+    assert_one_line_error(tinystories("train_vocab", "--vocab_size=512", f"--data_cache_dir={bad_cache['corrupt']}"),
+                          "data01.json")
+    assert_one_line_error(tinystories("download", "--filtering=features=Twist"), "does not apply to download")

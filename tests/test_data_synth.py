@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, TOK8192, assert_one_line_error, run_cli
+from conftest import PYTHON, REPO, TOK8192, assert_one_line_error, run_main
 
 from tinylab import tinystories_data as tinystories
 from tinylab.dataset_spec import FEATURES, REFUSAL_STORY, header_fields
@@ -88,8 +88,8 @@ def test_each_feature_is_learnable_from_the_story_text(stories):
 
 def test_synthesize_cli_and_overwrite_rules(tmp_path):
     cache = str(tmp_path)
-    proc = run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={cache}", "--num_shards", "2",
-                    "--stories_per_shard=30", "--seed=4"])
+    proc = run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}", "--num_shards", "2",
+                                       "--stories_per_shard=30", "--seed=4"])
     assert proc.returncode == 0, proc.stderr
     raw = os.path.join(cache, "TinyStories_all_data")
     assert sorted(os.listdir(raw)) == [".synthesized", "data00.json", "data01.json"]
@@ -98,18 +98,18 @@ def test_synthesize_cli_and_overwrite_rules(tmp_path):
     tinystories.synthesize(cache, num_shards=1, stories_per_shard=5, seed=0)
     assert sorted(os.listdir(raw)) == [".synthesized", "data00.json"]
     os.remove(os.path.join(raw, ".synthesized"))
-    proc = run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={cache}"])
+    proc = run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}"])
     assert_one_line_error(proc, "was not made by synthesize")
-    assert_one_line_error(run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={tmp_path / 'x'}",
-                                   "--num_shards=0"]), "--num_shards")
+    assert_one_line_error(run_main("tinystories.py", ["synthesize", f"--data_cache_dir={tmp_path / 'x'}",
+                                                      "--num_shards=0"]), "--num_shards")
     assert not os.path.exists(tmp_path / "x")
 
 
 def test_train_vocab_small_and_non_interactive(tiny_corpus, tmp_path):
     cache = str(tmp_path)
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))
-    proc = run_cli(["tinystories.py", "train_vocab", "--vocab_size=512", f"--data_cache_dir={cache}",
-                    "--vocab_shards=2"])
+    proc = run_main("tinystories.py", ["train_vocab", "--vocab_size=512", f"--data_cache_dir={cache}",
+                                       "--vocab_shards=2"])
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(cache)) == ["TinyStories_all_data", "tok512.model", "tok512.vocab"]
     tok = Tokenizer(os.path.join(cache, "tok512.model"))
@@ -134,10 +134,11 @@ def test_train_vocab_small_and_non_interactive(tiny_corpus, tmp_path):
     with pytest.raises(UserError, match="could not train 300 pieces.*smaller than required_chars"):
         tinystories.train_vocab(cache, 300, vocab_shards=1)  # 256 bytes + 3 specials + the characters
     assert not os.path.exists(os.path.join(cache, "tok300.model"))
-    assert_one_line_error(run_cli(["tinystories.py", "train_vocab", "--vocab_size=100000",
-                                   f"--data_cache_dir={cache}"]), "65536")
+    assert_one_line_error(run_main("tinystories.py", ["train_vocab", "--vocab_size=100000",
+                                                      f"--data_cache_dir={cache}"]), "65536")
 
 
+@pytest.mark.slow
 def test_tw_fs_builds_the_family(tiny_corpus, tmp_path):
     cache = str(tmp_path)
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))

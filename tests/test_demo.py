@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 
+import pytest
 from conftest import PYTHON, REPO
 
 
@@ -21,6 +22,7 @@ def test_readme_quickstart_has_exactly_two_commands():
     assert cmds[1] in ci  # CI runs exactly the README's test command
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     env = dict(os.environ, PYTHON=PYTHON, DATA=str(tmp_path / "data"), OUT=str(tmp_path / "out"), DEMO_SHARDS="2",
                DEMO_STORIES="300", WANDB_MODE="disabled")

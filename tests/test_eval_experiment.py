@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from conftest import run_cli
+from conftest import run_main
 
 from tinylab.errors import UserError
 
@@ -15,10 +15,17 @@ QUICK = ["--num_shards=3", "--stories_per_shard=200", "--vocab_size=512", "--dim
 PHASES = ("pretrain", "control", "delete", "recover", "recover_control")
 
 
+def experiment(argv, **kw):
+    """experiments/deletion_recovery.py's command line in this process (its steps run as it says:
+    --jobs=2 in subprocesses, --jobs=1 in the same process)."""
+    return run_main("experiments/deletion_recovery.py", argv, **kw)
+
+
+@pytest.mark.slow
 def test_shortened_experiment_outputs(tmp_path):
     out = tmp_path / "dr"
     # the default: two lanes of one-thread subprocesses
-    proc = run_cli(["experiments/deletion_recovery.py", f"--out_dir={out}"] + QUICK + ["--jobs=2"], check=True)
+    proc = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=2"], check=True)
     png = out / "deletion_recovery.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     md = (out / "results.md").read_text()
@@ -50,14 +57,14 @@ def test_shortened_experiment_outputs(tmp_path):
     # a rerun in the same folder reuses every finished step; the one step whose record is gone
     # runs again, here in-process (--jobs=1)
     os.remove(out / "logs" / "features_recover_control.done")
-    again = run_cli(["experiments/deletion_recovery.py", f"--out_dir={out}"] + QUICK + ["--jobs=1"], check=True)
+    again = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=1"], check=True)
     assert again.stdout.count("reuse ") == 12 and again.stdout.count("start ") == 1
     assert "start features_recover_control" in again.stdout
     rerun = json.loads((out / "results.json").read_text())
     assert rerun["curves"] == results["curves"] and rerun["final"]["delete"] == results["final"]["delete"]
     assert rerun["final"]["recover_control"]["n"] == 3
     # ... but not with other data settings
-    other = run_cli(["experiments/deletion_recovery.py", f"--out_dir={out}"] + QUICK + ["--stories_per_shard=250"])
+    other = experiment([f"--out_dir={out}"] + QUICK + ["--stories_per_shard=250"])
     assert other.returncode == 2 and "other settings" in other.stderr
 
 

@@ -11,8 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import assert_one_line_error, run_cli
-from eval_setup import make_corpus, save_tiny_checkpoint
+from conftest import assert_one_line_error, read_metrics, run_main, save_tiny_checkpoint, tiny_model
 
 from evaluation.eval_features import main as eval_features_main
 from tinylab.dataset_spec import FEATURES
@@ -29,15 +28,19 @@ from tinylab.feature_judge import (
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return make_corpus(str(tmp_path_factory.mktemp("features_corpus")), num_shards=3, stories_per_shard=400)
+def corpus(lab_corpus):
+    return lab_corpus
 
 
 @pytest.fixture(scope="module")
 def ckpt(corpus, tmp_path_factory):
     # 128 positions hold a whole instruction header of the 8192-piece tokenizer plus a few new tokens
-    return save_tiny_checkpoint(str(tmp_path_factory.mktemp("features_ckpt") / "ckpt.pt"), corpus.cache_dir,
-                                max_seq_len=128)
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("features_ckpt") / "ckpt.pt", tiny_model(max_seq_len=128),
+                                cache_dir=corpus.cache_dir)
+
+
+def eval_features(argv, **kw):
+    return run_main("evaluation/eval_features.py", argv, **kw)
 
 
 def raw_records(corpus, shard):
@@ -54,7 +57,7 @@ def test_classifier_accuracy_on_synthesized_corpus(corpus, feature):
     acc = sum(v == int(feature in r["instruction"]["features"]) for v, r in zip(verdicts, test)) / len(test)
     assert acc >= 0.9, (feature, acc)
     assert judge.accuracy == pytest.approx(acc) and judge.stats["n_test"] == len(test)
-    assert judge.stats["n_train"] == 800  # shards 1-2 only: the test shard is held out
+    assert judge.stats["n_train"] == 2 * corpus.stories_per_shard  # shards 1-2 only: the test shard is held out
     # cached: a second call loads the same classifier
     again = ClassifierJudge.for_data(feature, corpus.cache_dir)
     assert again.judge([r["story"] for r in test[:50]]) == verdicts[:50]
@@ -194,8 +197,8 @@ def test_corrupt_judge_caches_are_one_line_errors(corpus, ckpt, tmp_path):
         LLMJudge("Twist", "http://127.0.0.1:1/v1", cache_path=str(tmp_path / "no" / "replies.jsonl"))
     # through the command line: one line, before any model is loaded or story generated
     cache.write_text("{not json\n")
-    assert_one_line_error(run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist",
-                                   "--judge=llm", "--judge_url=http://127.0.0.1:1/v1", f"--judge_cache={cache}"]),
+    assert_one_line_error(eval_features([f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist", "--judge=llm",
+                                         "--judge_url=http://127.0.0.1:1/v1", f"--judge_cache={cache}"]),
                           f"{cache}:1", "delete it")
     # the classifier's cache in <data_cache_dir>/judges/: truncated, or a record without its fields
     ClassifierJudge.for_data("Twist", corpus.cache_dir)
@@ -207,8 +210,8 @@ def test_corrupt_judge_caches_are_one_line_errors(corpus, ckpt, tmp_path):
             with pytest.raises(UserError, match=re.escape(str(path)) + ".*is corrupt.*delete it"):
                 ClassifierJudge.for_data("Twist", corpus.cache_dir)
         path.write_bytes(good[:100])
-        assert_one_line_error(run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}",
-                                       "--prompts_from=filter-adv-Twist", "--device=cpu"]), str(path), "delete it")
+        assert_one_line_error(eval_features([f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist", "--device=cpu"]),
+                              str(path), "delete it")
     finally:
         path.write_bytes(good)
 
@@ -246,9 +249,9 @@ def test_parse_answer():
 
 
 def test_cli_llm_judge_and_unanswering_url(stub, corpus, ckpt, tmp_path):
-    base = ["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist",
-            "--num_samples=3", "--batch_size=3", "--max_new_tokens=8", "--device=cpu"]
-    proc = run_cli(base + ["--judge=llm", f"--judge_url={stub}", "--judge_model=stub-model"], check=True)
+    base = [f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist", "--num_samples=3", "--batch_size=3",
+            "--max_new_tokens=8", "--device=cpu"]
+    proc = eval_features(base + ["--judge=llm", f"--judge_url={stub}", "--judge_model=stub-model"], check=True)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert metrics["judge"] == f"llm:stub-model@{stub}" and metrics["judge_accuracy"] is None
     assert metrics["n"] == 3 and len({r["body"]["messages"][-1]["content"] for r in StubHandler.requests}) <= 3
@@ -257,8 +260,8 @@ def test_cli_llm_judge_and_unanswering_url(stub, corpus, ckpt, tmp_path):
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     t0 = time.time()
-    proc = run_cli(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{silent.getsockname()[1]}/v1",
-                           "--judge_timeout=1"], timeout=120)
+    proc = eval_features(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{silent.getsockname()[1]}/v1",
+                                 "--judge_timeout=1"])
     assert_one_line_error(proc, "timed out")
     assert time.time() - t0 < 100
     silent.close()
@@ -267,16 +270,16 @@ def test_cli_llm_judge_and_unanswering_url(stub, corpus, ckpt, tmp_path):
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()
-    assert_one_line_error(run_cli(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{port}/v1", "--judge_timeout=1"]),
-                          "could not be reached")
+    assert_one_line_error(eval_features(base + ["--judge=llm", f"--judge_url=http://127.0.0.1:{port}/v1",
+                                                "--judge_timeout=1"]), "could not be reached")
 
 
 def test_cli_classifier_judge(corpus, ckpt, tmp_path):
     out = tmp_path / "m.json"
     gens = tmp_path / "g.jsonl"
-    proc = run_cli(["evaluation/eval_features.py", f"--checkpoint={ckpt}", "--feature=Twist",
-                    "--prompts_from=filter-adv-Twist", "--num_samples=4", "--batch_size=2", "--max_new_tokens=8",
-                    "--device=cpu", f"--out={out}", f"--generations_out={gens}"], check=True)
+    proc = eval_features([f"--checkpoint={ckpt}", "--feature=Twist", "--prompts_from=filter-adv-Twist",
+                          "--num_samples=4", "--batch_size=2", "--max_new_tokens=8", "--device=cpu", f"--out={out}",
+                          f"--generations_out={gens}"], check=True)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(metrics) == {"feature", "score", "ci95", "n", "judge", "judge_accuracy"}
     assert metrics["feature"] == "Twist" and metrics["n"] == 4 and metrics["judge"] == "classifier:bow-logreg"
@@ -290,9 +293,10 @@ def test_cli_classifier_judge(corpus, ckpt, tmp_path):
 
 def test_bad_input(corpus, ckpt, tmp_path):
     base = [f"--checkpoint={ckpt}", "--device=cpu", "--max_new_tokens=8"]
-    # one through the real command line: one line on stderr, exit 2
-    assert_one_line_error(run_cli(["evaluation/eval_features.py"] + base + ["--feature=twist", "--prompts_from=filter-adv-Twist"]),
-                          "did you mean 'Twist'")
+    # one through the command line's error boundary: one line on stderr, exit 2
+    proc = eval_features(base + ["--feature=twist", "--prompts_from=filter-adv-Twist"])
+    assert_one_line_error(proc, "did you mean 'Twist'")
+    assert proc.returncode == 2
     cases = [
         (base + ["--feature=Sarcasm", "--prompts_from=filter-adv-Twist"], "--feature='Sarcasm': must be one of"),
         (base + ["--prompts_from=no-such-set"], "pretokenize"),
@@ -317,8 +321,8 @@ def test_in_training_feature_score(corpus, tmp_path):
                 gradient_accumulation_steps=1, learning_rate=3e-3, warmup_iters=2, max_iters=4, eval_interval=2,
                 eval_iters=1, max_new_tokens=12, generation_batch_size=4, device="cpu", dtype="float32",
                 feature_eval="Twist", eval_dataset_names='["filter-adv-Twist"]')
-    run_cli(["train.py"] + [f"--{k}={v}" for k, v in args.items()], check=True)
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    run_main("train.py", [f"--{k}={v}" for k, v in args.items()], check=True)
+    rows = read_metrics(out)
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["iter"] for r in evals] == [0, 2, 4]
     judge = ClassifierJudge.for_data("Twist", corpus.cache_dir)
@@ -345,4 +349,4 @@ def test_in_training_feature_score(corpus, tmp_path):
     with pytest.raises(UserError, match="no input has the metric 'gen_feature_judge'"):
         plot_cli.main([out, "--metrics=gen_feature_judge", f"--out={tmp_path}/x.png"])
     bad = dict(args, feature_eval="twist", out_dir=str(tmp_path / "bad"))
-    assert_one_line_error(run_cli(["train.py"] + [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")
+    assert_one_line_error(run_main("train.py", [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")

@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
-from eval_setup import TOK8192, save_tiny_checkpoint, tiny_model
+from conftest import TOK8192, assert_one_line_error, run_main, save_tiny_checkpoint, tiny_model
 from torch import nn
 
 from tinylab.lambada import lambada_items, score_items, summarize
@@ -102,20 +101,22 @@ def test_batched_equals_unbatched(tok):
 
 
 def test_cli_jsonl_and_errors(tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path))
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", cache_dir=str(tmp_path))
     data = tmp_path / "lambada.jsonl"
     data.write_text("".join(json.dumps({"text": p}) + "\n" for p, _ in PASSAGES))
     out = tmp_path / "m.json"
-    proc = run_cli(["evaluation/eval_lambada.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
-                    f"--data={data}", f"--out={out}", "--device=cpu"], check=True)
+    proc = run_main("evaluation/eval_lambada.py", [f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
+                                                    f"--data={data}", f"--out={out}", "--device=cpu"], check=True)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(metrics) == {"acc", "ppl", "n"} and metrics["n"] == len(PASSAGES)
     assert json.loads(out.read_text()) == metrics and 0 <= metrics["acc"] <= 1 and metrics["ppl"] > 1
     assert "last_token_acc" in proc.stdout  # the lenient figure, labelled, in the summary only
-    base = ["evaluation/eval_lambada.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", "--device=cpu"]
-    assert_one_line_error(run_cli(base + [f"--data={tmp_path}/none.jsonl"]), "not found")
+    base = [f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", "--device=cpu"]
+
+    def lambada(argv):
+        return run_main("evaluation/eval_lambada.py", argv)
+    assert_one_line_error(lambada(base + [f"--data={tmp_path}/none.jsonl"]), "not found")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"txt": "no text field"}\n')
-    assert_one_line_error(run_cli(base + [f"--data={bad}"]), "'text'")
-    assert_one_line_error(run_cli(["evaluation/eval_lambada.py", f"--checkpoint={tmp_path}/no.pt", f"--data={data}"]),
-                          "checkpoint not found")
+    assert_one_line_error(lambada(base + [f"--data={bad}"]), "'text'")
+    assert_one_line_error(lambada([f"--checkpoint={tmp_path}/no.pt", f"--data={data}"]), "checkpoint not found")

@@ -6,8 +6,7 @@ import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
-from eval_setup import make_corpus, save_tiny_checkpoint, tiny_model
+from conftest import assert_one_line_error, run_main, save_tiny_checkpoint, tiny_model
 
 from tinylab.dataset_spec import FEATURES, STORY_FEATURES
 from tinylab.probes import pooled_states, probe_accuracy, story_examples, train_probes
@@ -15,13 +14,13 @@ from tinylab.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return make_corpus(str(tmp_path_factory.mktemp("probe_corpus")), num_shards=2, stories_per_shard=150)
+def corpus(lab_corpus):
+    return lab_corpus
 
 
 def test_story_only_inputs_and_labels(corpus):
     tok = Tokenizer(os.path.join(corpus.cache_dir, "tok8192.model"))
-    examples = story_examples(corpus.dataset_dir("pretrain-all"), "test", 40, 0, tok, max_len=512)
+    examples = story_examples(corpus.dataset("pretrain-all"), "test", 40, 0, tok, max_len=512)
     assert len(examples) == 40
     with open(os.path.join(corpus.raw_dir, "data00.json")) as f:
         raw = {r["story"].strip(): r["instruction"]["features"] for r in json.load(f)}
@@ -32,10 +31,10 @@ def test_story_only_inputs_and_labels(corpus):
         expected = [int(any(f.lower() == s for f in raw[text])) for s in STORY_FEATURES]
         assert labels == expected
     # seeded: the same call gives the same examples; another seed another order
-    again = story_examples(corpus.dataset_dir("pretrain-all"), "test", 40, 0, tok, max_len=512)
+    again = story_examples(corpus.dataset("pretrain-all"), "test", 40, 0, tok, max_len=512)
     assert again == examples
-    assert story_examples(corpus.dataset_dir("pretrain-all"), "test", 40, 1, tok, max_len=512) != examples
-    short = story_examples(corpus.dataset_dir("pretrain-all"), "test", 5, 0, tok, max_len=16)
+    assert story_examples(corpus.dataset("pretrain-all"), "test", 40, 1, tok, max_len=512) != examples
+    short = story_examples(corpus.dataset("pretrain-all"), "test", 5, 0, tok, max_len=16)
     assert all(len(ids) <= 16 for ids, _ in short)
 
 
@@ -66,10 +65,10 @@ def test_probes_find_the_layer_that_holds_the_signal():
 
 
 def test_cli_every_block_and_errors(corpus, tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), corpus.cache_dir, max_seq_len=256, n_layers=3)
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", tiny_model(max_seq_len=256, n_layers=3), cache_dir=corpus.cache_dir)
     out = tmp_path / "probe.json"
-    proc = run_cli(["evaluation/probe.py", f"--checkpoint={ckpt}", "--dataset=pretrain-all", "--num_train=60",
-                    "--num_test=30", "--iters=50", "--device=cpu", f"--out={out}"], check=True)
+    proc = run_main("evaluation/probe.py", [f"--checkpoint={ckpt}", "--dataset=pretrain-all", "--num_train=60",
+                                            "--num_test=30", "--iters=50", "--device=cpu", f"--out={out}"], check=True)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(metrics) == {"layers"} and json.loads(out.read_text()) == metrics
     rows = metrics["layers"]
@@ -77,6 +76,7 @@ def test_cli_every_block_and_errors(corpus, tmp_path):
                                                           [next(x for x in FEATURES if x.lower() == s) for s in STORY_FEATURES]]
     assert all(set(r) == {"layer", "feature", "acc"} and 0 <= r["acc"] <= 1 for r in rows)
     assert "majority baseline" in proc.stdout
-    base = ["evaluation/probe.py", f"--checkpoint={ckpt}", "--device=cpu"]
-    assert_one_line_error(run_cli(base + ["--dataset=no-such-set"]), "pretokenize")
-    assert_one_line_error(run_cli(base + ["--dataset=pretrain-all", "--num_train=0"]), "--num_train")
+    base = [f"--checkpoint={ckpt}", "--device=cpu"]
+    assert_one_line_error(run_main("evaluation/probe.py", base + ["--dataset=no-such-set"]), "pretokenize")
+    assert_one_line_error(run_main("evaluation/probe.py", base + ["--dataset=pretrain-all", "--num_train=0"]),
+                          "--num_train")

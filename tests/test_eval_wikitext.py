@@ -9,13 +9,21 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_one_line_error, run_cli
-from eval_setup import TOK8192, WIKITEXT, save_tiny_checkpoint, tiny_model
+from conftest import TOK8192, WIKITEXT, assert_one_line_error, run_main, save_tiny_checkpoint, tiny_model
 
 from tinylab.perplexity import sliding_window_nll, token_stream, window_spans
 from tinylab.tokenizer import Tokenizer
 
 W = 32  # window (the model's max_seq_len)
+
+
+def wikitext(argv, **kw):
+    return run_main("evaluation/eval_wikitext.py", argv, **kw)
+
+
+def tiny_ckpt(tmp_path):
+    """A tiny random checkpoint whose config names an empty data cache: the tokenizer must be given."""
+    return save_tiny_checkpoint(tmp_path / "ckpt.pt", tiny_model(max_seq_len=W), cache_dir=str(tmp_path))
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +96,13 @@ def test_smaller_stride_gives_more_context():
 
 
 def test_cli_ppl_bpb_tokens(tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
+    ckpt = tiny_ckpt(tmp_path)
     data = tmp_path / "wiki.txt"
     rows = open(WIKITEXT, encoding="utf-8").read().splitlines(keepends=True)[:30]
     data.write_text("".join(rows), encoding="utf-8")
     out = tmp_path / "m.json"
-    proc = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
-                    f"--data={data}", "--stride=16", f"--out={out}", "--device=cpu"], check=True)
+    proc = wikitext([f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", f"--data={data}", "--stride=16",
+                     f"--out={out}", "--device=cpu"], check=True)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(metrics) == {"ppl", "bpb", "tokens"}
     assert json.loads(out.read_text()) == metrics
@@ -108,31 +116,36 @@ def test_cli_ppl_bpb_tokens(tmp_path):
     # jsonl input with the same rows gives the same result
     jl = tmp_path / "wiki.jsonl"
     jl.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
-    proc = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
-                    f"--data={jl}", "--stride=16", "--device=cpu"], check=True)
+    proc = wikitext([f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", f"--data={jl}", "--stride=16",
+                     "--device=cpu"], check=True)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == metrics
 
 
 def test_cli_bad_input(tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
-    base = ["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", "--device=cpu"]
-    assert_one_line_error(run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={tmp_path}/nope.pt", f"--data={WIKITEXT}"]),
-                          "checkpoint not found")
-    assert_one_line_error(run_cli(base + [f"--data={tmp_path}/missing.txt"]), "data file not found")
-    assert_one_line_error(run_cli(base + [f"--data={WIKITEXT}", "--stride=64"]), "--stride")
-    assert_one_line_error(run_cli(base + [f"--data={WIKITEXT}", "--window=4096"]), "max_seq_len")
+    ckpt = tiny_ckpt(tmp_path)
+    base = [f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", "--device=cpu"]
+    assert_one_line_error(wikitext([f"--checkpoint={tmp_path}/nope.pt", f"--data={WIKITEXT}"]), "checkpoint not found")
+    assert_one_line_error(wikitext(base + [f"--data={tmp_path}/missing.txt"]), "data file not found")
+    assert_one_line_error(wikitext(base + [f"--data={WIKITEXT}", "--stride=64"]), "--stride")
+    assert_one_line_error(wikitext(base + [f"--data={WIKITEXT}", "--window=4096"]), "max_seq_len")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{not json\n')
-    assert_one_line_error(run_cli(base + [f"--data={bad}"]), "bad.jsonl:2")
+    assert_one_line_error(wikitext(base + [f"--data={bad}"]), "bad.jsonl:2")
     # offline (the tests run with HF_DATASETS_OFFLINE=1): the HF test split is one clear line
-    assert_one_line_error(run_cli(base + ["--data=hf"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}),
+    assert_one_line_error(wikitext(base + ["--data=hf"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}),
                           "--data=PATH")
 
 
-def test_cli_unreachable_hub_fails_at_once(tmp_path):
+def test_cli_unreachable_hub_fails_at_once(tmp_path, monkeypatch):
     """Online, but the hub (HF_ENDPOINT, here a closed local port) does not answer: one quick probe
-    and one line, not datasets' half-minute of retries with a warning line each."""
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
+    and one line, not datasets' half-minute of retries with a warning line each. In this process,
+    `datasets` read its switches when first imported, so it is not allowed to be asked at all."""
+    import datasets
+
+    def no_retries(*args, **kwargs):
+        raise AssertionError("datasets asked an unreachable hub")
+    monkeypatch.setattr(datasets, "load_dataset", no_retries)
+    ckpt = tiny_ckpt(tmp_path)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -140,23 +153,21 @@ def test_cli_unreachable_hub_fails_at_once(tmp_path):
     env = {"HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"),
            **{k: "" for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")}}
     t0 = time.time()
-    proc = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
-                    "--device=cpu", "--data=hf"], env=env)
+    proc = wikitext([f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", "--device=cpu", "--data=hf"], env=env)
     assert_one_line_error(proc, f"the hub {endpoint} cannot be reached", "--data=PATH")
-    assert time.time() - t0 < 20  # the process's imports included; datasets' retries took 27 s
+    assert time.time() - t0 < 20  # datasets' retries took 27 s
 
 
 def test_hf_llama_folder_gives_the_same_numbers(tmp_path):
     """An HF Llama folder (with its tokenizer.model) is imported in memory: same perplexity."""
     from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
     from tinylab.interop import export_hf
-    ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt.pt"), str(tmp_path), max_seq_len=W)
+    ckpt = tiny_ckpt(tmp_path)
     export_hf(model_from_checkpoint(load_checkpoint(ckpt)), str(tmp_path / "hf"), tokenizer=TOK8192, log=lambda *a: None)
     data = tmp_path / "wiki.txt"
     data.write_text("".join(open(WIKITEXT, encoding="utf-8").read().splitlines(keepends=True)[:20]), encoding="utf-8")
-    ours = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}",
-                    f"--data={data}", "--device=cpu"], check=True)
-    hf = run_cli(["evaluation/eval_wikitext.py", f"--checkpoint={tmp_path / 'hf'}", f"--data={data}", "--device=cpu"],
-                 check=True)
+    ours = wikitext([f"--checkpoint={ckpt}", f"--tokenizer_model={TOK8192}", f"--data={data}", "--device=cpu"],
+                    check=True)
+    hf = wikitext([f"--checkpoint={tmp_path / 'hf'}", f"--data={data}", "--device=cpu"], check=True)
     a, b = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (ours, hf))
     assert a["tokens"] == b["tokens"] and a["ppl"] == pytest.approx(b["ppl"], rel=1e-5)

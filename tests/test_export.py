@@ -1,7 +1,7 @@
 """export.py: llama2.c .bin v0/v1/v2, run.c tokenizer .bin, HF Llama export and import.
 
-The references are independent of export.py: a numpy reader written here that follows the spec's
-byte layout (../shared/spec/interop.md section 1) and a numpy float64 forward pass rebuilt from the
+The references are independent of export.py: a numpy reader written here that follows the
+byte layout of docs/interop.md section 1 and a numpy float64 forward pass rebuilt from the
 parsed file; `transformers.LlamaForCausalLM` for the HF folder; sentencepiece for the tokenizer.
 """
 import copy
@@ -13,10 +13,10 @@ import struct
 import numpy as np
 import pytest
 import torch
-from conftest import TOK8192, assert_one_line_error, run_cli
+from conftest import TOK8192, assert_one_line_error, records, run_main, save_tiny_checkpoint
+from conftest import tiny_model as shared_tiny_model
 
 import export as export_cli
-from model import ModelArgs, Transformer
 from tinylab import interop as export
 from tinylab.checkpoint import load_checkpoint, model_args_dict, save_checkpoint
 from tinylab.errors import UserError
@@ -28,10 +28,7 @@ SHAPES = [(4, True), (4, False), (2, True), (2, False)]
 
 
 def tiny_model(n_kv_heads=4, tied=True, seed=0, **kw):
-    torch.manual_seed(seed)
-    args = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=64, multiple_of=16,
-                     max_seq_len=16, tie_embeddings=tied, **kw)
-    model = Transformer(args).eval()
+    model = shared_tiny_model(seed=seed, n_kv_heads=n_kv_heads, vocab_size=64, max_seq_len=16, tie_embeddings=tied, **kw)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -46,10 +43,8 @@ def tiny_model(n_kv_heads=4, tied=True, seed=0, **kw):
 
 def save_tiny(path, model):
     margs = model_args_dict(model)
-    save_checkpoint({"model": model.state_dict(), "model_args": margs, "iter_num": 7, "best_val_loss": 3.0,
-                     "config": {k: margs[k] for k in ("dim", "n_layers", "n_heads", "vocab_size")}, "optimizer": None},
-                    str(path))
-    return str(path)
+    return save_tiny_checkpoint(path, model, config={k: margs[k] for k in ("dim", "n_layers", "n_heads", "vocab_size")},
+                                iter_num=7, best_val_loss=3.0, optimizer=None)
 
 
 def our_logits(model, tokens=TOKENS):
@@ -208,7 +203,7 @@ def test_bin_v0_v1_independent_reader_matches_logits(tmp_path, n_kv_heads, tied)
     for version in (0, 1):
         out = tmp_path / f"v{version}.bin"
         if version == (0 if tied else 1):  # each version once through the CLI, once in-process
-            run_cli(["export.py", str(out), f"--version={version}", f"--checkpoint={ckpt}"], check=True)
+            run_main("export.py", [str(out), f"--version={version}", f"--checkpoint={ckpt}"], check=True)
         else:
             export.export_bin(model, str(out), version, log=lambda *a: None)
         hp, W, extra = np_read_bin(out)
@@ -240,7 +235,7 @@ def test_bin_v2_q80_within_printed_error(tmp_path):
         model.layers[1].attention.wo.weight.zero_()
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
     out = tmp_path / "v2.bin"
-    proc = run_cli(["export.py", str(out), "--version=2", f"--checkpoint={ckpt}"], check=True)
+    proc = run_main("export.py", [str(out), "--version=2", f"--checkpoint={ckpt}"], check=True)
     printed = float(re.search(r"max quantization error across all weights: (\S+)", proc.stdout).group(1))
     hp, W, extra = np_read_bin(out)
     assert hp["version"] == 2 and hp["gs"] == 32 and not hp["shared"]  # 64 halved until it divides dim=32
@@ -287,7 +282,7 @@ def test_import_bin_round_trip(tmp_path):
             export.export_bin(model, str(out), version, log=lambda *a: None)
             dest = tmp_path / f"imported{n_kv_heads}_{version}"
             if version == 0 and not tied:  # once through the CLI (a folder output gets ckpt.pt) ...
-                run_cli(["export.py", str(dest), f"--import_bin={out}"], check=True)
+                run_main("export.py", [str(dest), f"--import_bin={out}"], check=True)
             else:  # ... the rest in-process, to keep the test fast
                 save_checkpoint(export.imported_checkpoint(*export.read_bin(str(out)), "test"), str(dest / "ckpt.pt"))
             ck = load_checkpoint(str(dest / "ckpt.pt"))
@@ -309,7 +304,7 @@ def test_tokenizer_bin_round_trip(tmp_path):
     import sentencepiece as spm
     model_path = TOK8192
     out = tmp_path / "tok.bin"
-    run_cli(["export.py", "--tokenizer", model_path, str(out)], check=True)
+    run_main("export.py", ["--tokenizer", model_path, str(out)], check=True)
     data = out.read_bytes()
     sp = spm.SentencePieceProcessor(model_file=model_path)
     max_len = struct.unpack_from("<I", data, 0)[0]
@@ -410,7 +405,7 @@ def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
     # CLI export with tokenizer: the folder is complete for AutoTokenizer
     model = tiny_model(2, False)
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
-    run_cli(["export.py", str(tmp_path / "hf"), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={tok}"], check=True)
+    run_main("export.py", [str(tmp_path / "hf"), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={tok}"], check=True)
     assert sorted(os.listdir(tmp_path / "hf")) == sorted(export.HF_FILES)
     text = "Once upon a time, there was a little girl named Lily."
     ids = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(text)["input_ids"]
@@ -426,7 +421,7 @@ def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
         for name, p in native.named_parameters():
             p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.1) + (1.0 if "norm" in name else 0.0))
     native.save_pretrained(str(tmp_path / "native"))
-    run_cli(["export.py", str(tmp_path / "imported.pt"), f"--import_hf={tmp_path / 'native'}"], check=True)
+    run_main("export.py", [str(tmp_path / "imported.pt"), f"--import_hf={tmp_path / 'native'}"], check=True)
     from tinylab.checkpoint import model_from_checkpoint
     ck = load_checkpoint(str(tmp_path / "imported.pt"))
     ours = model_from_checkpoint(ck).eval()
@@ -445,13 +440,14 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
     out = tmp_path / "out.bin"
     # through the CLI: the one-line error format
-    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--checkpoint={ckpt}"]), "--version=3: must be one of -1, 0, 1, 2")
-    assert_one_line_error(run_cli(["export.py", str(out), "--version=1", f"--checkpoint={tmp_path / 'nope.pt'}"]),
+    assert_one_line_error(run_main("export.py", [str(out), "--version=3", f"--checkpoint={ckpt}"]),
+                          "--version=3: must be one of -1, 0, 1, 2")
+    assert_one_line_error(run_main("export.py", [str(out), "--version=1", f"--checkpoint={tmp_path / 'nope.pt'}"]),
                           "checkpoint not found")
     mistral = tmp_path / "mistral"
     mistral.mkdir()
     (mistral / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))
-    assert_one_line_error(run_cli(["export.py", str(tmp_path / "imp"), f"--import_hf={mistral}"]), "MistralForCausalLM")
+    assert_one_line_error(run_main("export.py", [str(tmp_path / "imp"), f"--import_hf={mistral}"]), "MistralForCausalLM")
     # in-process (the same UserError that cli_main prints as one line), to keep the test fast
     empty = tmp_path / "hf_empty"
     empty.mkdir()
@@ -537,7 +533,7 @@ def test_hf_import_refuses_damaged_safetensors(tmp_path):
         (hf / "model.safetensors").write_bytes(data)
         out = tmp_path / f"imp_{case}.pt"
         if case in ("cut_at_tensor", "cut_in_tensor"):  # the reported bugs, through the CLI
-            proc = run_cli(["export.py", str(out), f"--import_hf={hf}"])
+            proc = run_main("export.py", [str(out), f"--import_hf={hf}"])
             assert_one_line_error(proc, str(hf / "model.safetensors"), *fragments)
             assert proc.returncode == 2
         else:
@@ -571,7 +567,7 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     weight_map = {k: "model-00001-of-00002.safetensors" for k in names}
     weight_map[names[-1]] = "model-00002-of-00002.safetensors"
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    proc = run_cli(["export.py", str(tmp_path / "imp_shard.pt"), f"--import_hf={sharded}"])
+    proc = run_main("export.py", [str(tmp_path / "imp_shard.pt"), f"--import_hf={sharded}"])
     assert_one_line_error(proc, str(sharded / "model-00002-of-00002.safetensors"), "not found", "model.safetensors.index.json")
     # once every shard is there, the same index imports
     weight_map[names[-1]] = "model-00001-of-00002.safetensors"
@@ -589,7 +585,7 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     assert all(torch.equal(export.read_hf(str(binned))[1][k], v) for k, v in model.state_dict().items())
     weights = binned / "pytorch_model.bin"
     weights.write_bytes(b"this is not a zip archive nor a pickle")
-    proc = run_cli(["export.py", str(tmp_path / "imp_bin.pt"), f"--import_hf={binned}"])
+    proc = run_main("export.py", [str(tmp_path / "imp_bin.pt"), f"--import_hf={binned}"])
     assert_one_line_error(proc, str(weights), "not a readable PyTorch weights file")
     for case, make in (("empty", lambda: weights.write_bytes(b"")),
                        ("list", lambda: torch.save([torch.zeros(2)], str(weights)))):
@@ -611,7 +607,7 @@ def test_version_is_checked_in_every_mode(tmp_path):
     tok = TOK8192
     out = tmp_path / "out"
     # the old code imported / wrote the tokenizer with rc 0 here
-    assert_one_line_error(run_cli(["export.py", str(out), "--version=3", f"--import_hf={hf}"]), "--version=3: must be one of")
+    assert_one_line_error(run_main("export.py", [str(out), "--version=3", f"--import_hf={hf}"]), "--version=3: must be one of")
     cases = [
         ([str(out), "--version=9", f"--import_bin={good_bin}"], "--version=9: must be one of"),
         ([str(out), "--version=-2", f"--tokenizer={tok}"], "--version=-2: must be one of"),
@@ -635,31 +631,24 @@ def test_version_is_checked_in_every_mode(tmp_path):
 
 # ---------------------------------------------------------------------- into training
 
-def test_train_fine_tunes_an_imported_checkpoint(tmp_path):
+def test_train_fine_tunes_an_imported_checkpoint(lab_corpus, tmp_path):
     """HF folder -> export.py --import_hf -> train.py --init_from=resume_model --model_dir=DIR: the
     imported weights are the ones trained (the first evaluation equals our model's loss on the same
     batches, measured through the original checkpoint)."""
-    data = str(tmp_path / "data")
-    quiet = {"TQDM_DISABLE": "1"}
-    run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={data}", "--num_shards=2", "--stories_per_shard=60", "--seed=0"], env=quiet, check=True)
-    run_cli(["tinystories.py", "train_vocab", "--vocab_size=320", f"--data_cache_dir={data}"], env=quiet, check=True)
-    run_cli(["tinystories.py", "pretokenize", "--vocab_size=320", f"--data_cache_dir={data}"], env=quiet, check=True)
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=16,
-                                  max_seq_len=32, tie_embeddings=False)).eval()
+    data, vocab = lab_corpus.cache_dir, 1024  # a trained tokenizer and its default dataset
+    model = shared_tiny_model(vocab_size=vocab, max_seq_len=32, tie_embeddings=False)
     original = tmp_path / "original"
     save_tiny(original / "ckpt.pt", model)
     export.export_hf(model, str(tmp_path / "hf"), log=lambda *a: None)
-    run_cli(["export.py", str(tmp_path / "imported"), f"--import_hf={tmp_path / 'hf'}"], check=True)
+    run_main("export.py", [str(tmp_path / "imported"), f"--import_hf={tmp_path / 'hf'}"], check=True)
 
     def first_eval(model_dir, out, **extra):
-        args = dict(init_from="resume_model", model_dir=model_dir, out_dir=out, data_cache_dir=data, vocab_size=320,
+        args = dict(init_from="resume_model", model_dir=model_dir, out_dir=out, data_cache_dir=data, vocab_size=vocab,
                     max_seq_len=32, batch_size=4, gradient_accumulation_steps=1, max_iters=2, eval_interval=2,
                     eval_iters=2, max_new_tokens=0, device="cpu", dtype="float32", lr_scheduling=False, **extra)
-        proc = run_cli(["train.py"] + [f"--{k}={v}" for k, v in args.items()])
+        proc = run_main("train.py", [f"--{k}={v}" for k, v in args.items()])
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-        return [r for r in rows if r.get("kind") == "eval"][0]
+        return records(out, "eval")[0]
 
     imported = first_eval(str(tmp_path / "imported"), str(tmp_path / "ft"))
     reference = first_eval(str(original), str(tmp_path / "ref"), eval_only=True)

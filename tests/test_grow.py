@@ -1,16 +1,15 @@
-"""grow.py (staged training, ../shared/spec/growth.md): width and depth doubling preserve the loss
+"""grow.py (staged training, docs/growth.md): width and depth doubling preserve the loss
 (fp64 1e-10, fp32 1e-5; MHA and GQA, tied and untied), new layers learn from the first step (the
 zero-gain variant is a dead saddle), optimizer state mapped by name, exact-mode continuation,
 symmetry breaking, the target schedule, the CLI, resume after growth and in-run growth through
 train.py, and the bad-input list. References are the unchanged small model and hand-built blocks."""
 import copy
-import json
 import math
 import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, records, run_cli, run_main, tiny_model, train_losses
 
 import grow as grow_cli
 import train
@@ -34,10 +33,8 @@ CFG = dict(TRAIN.defaults(), learning_rate=1e-2, weight_decay=0.1, beta1=0.9, be
 
 def tiny(kv=None, tie=True, dtype=torch.float64, seed=0, n_layers=2, **kw):
     """A small model with O(1) weights, so that any wrong block changes the loss visibly."""
-    torch.manual_seed(seed)
-    args = ModelArgs(dim=32, n_layers=n_layers, n_heads=4, n_kv_heads=kv, vocab_size=VOCAB, multiple_of=16,
-                     max_seq_len=T, tie_embeddings=tie, **kw)
-    m = Transformer(args).to(dtype)
+    m = tiny_model(seed=seed, dtype=dtype, n_layers=n_layers, n_kv_heads=kv, vocab_size=VOCAB, max_seq_len=T,
+                   tie_embeddings=tie, **kw).train()
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[-1] ** 0.5)
@@ -362,14 +359,6 @@ def corpus_args(tiny_corpus, out_dir, **over):
     return [f"--{k}={v}" for k, v in cfg.items()]
 
 
-def records(out_dir, kind):
-    return [r for r in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))) if r["kind"] == kind]
-
-
-def train_losses(out_dir):
-    return {r["iter"]: r["loss/train"] for r in records(out_dir, "train")}
-
-
 def test_in_run_growth_and_resume_after_it(tiny_corpus, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     sched = "6:weights,12:layers"
@@ -395,6 +384,7 @@ def test_in_run_growth_and_resume_after_it(tiny_corpus, tmp_path):
     assert [r["iter"] for r in records(b, "growth")] == [6, 12]
 
 
+@pytest.mark.slow
 def test_in_run_growth_under_ddp_equals_one_process(tiny_corpus, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     common = dict(grow_schedule="4:weights,8:layers", max_iters=12, gradient_accumulation_steps=2)
@@ -441,7 +431,7 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     # §6.3 with S_target = 4, R_w = 2: 0 at the first step after growth, then half of lr_target(6)
     assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
-    proc = run_cli(["sample.py", f"--checkpoint={wide}", "--max_new_tokens=5", "--device=cpu"])
+    proc = run_main("sample.py", [f"--checkpoint={wide}", "--max_new_tokens=5", "--device=cpu"])
     assert proc.returncode == 0 and "---" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -456,7 +446,7 @@ def test_bad_input(tmp_path, monkeypatch):
     out = str(tmp_path / "out")
 
     # the CLI: one line, exit 2, nothing written
-    assert_one_line_error(run_cli(["grow.py", "--doubling", "heads", "--resume", good, "--out_dir", out]), "doubling")
+    assert_one_line_error(run_main("grow.py", ["--doubling", "heads", "--resume", good, "--out_dir", out]), "doubling")
     assert not os.path.exists(out)
 
     def fails(ckpt_or_path, fragment, *args):
@@ -564,7 +554,7 @@ def test_required_keys_and_out_dir_checked_before_any_work(tmp_path):
     with pytest.raises(UserError, match="is a folder"):
         grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={tmp_path / 'dir_out'}", "--force"])
     # the CLI: one line, exit 2, no traceback
-    assert_one_line_error(run_cli(["grow.py", "--doubling=weights", f"--resume={good}", f"--out_dir={blocker}"]),
+    assert_one_line_error(run_main("grow.py", ["--doubling=weights", f"--resume={good}", f"--out_dir={blocker}"]),
                           "not a folder")
 
 
@@ -576,15 +566,6 @@ def test_broken_model_args_are_a_shape_mismatch_not_a_size_limit(tmp_path):
     grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "n_layers": 10 ** 9}}, "do not match")
     grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "n_heads": 5}}, "model_args")
     grow_fails(tmp_path, {**state(small), "model_args": {**model_args_dict(small), "dim": "32"}}, "model_args")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models: one thread is faster, and far faster on a machine shared with other jobs
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_growth_timing_slope_rule():

@@ -1,7 +1,8 @@
 """metrics.py: metrics.jsonl records and what reaches wandb (a fake wandb module records calls)."""
-import json
 import sys
 import types
+
+from conftest import read_metrics
 
 from tinylab.metrics import MetricsLogger
 
@@ -15,7 +16,7 @@ def test_records_and_wandb_payload(tmp_path, monkeypatch):
     logger.log({"iter": 3, "loss/test": 1.5, "gen_feature_judge": "classifier (held-out acc 1.000)",
                 "gen_feature_judge_accuracy": 1.0, "flag": True, "table": [1, 2], "nan": float("nan")}, kind="eval")
     logger.close()
-    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    rows = read_metrics(str(tmp_path / "metrics.jsonl"))
     assert rows[0]["iter"] == 3 and rows[0]["kind"] == "eval" and rows[0]["gen_feature_judge"].startswith("classifier")
     assert calls[0][0] == "init" and calls[0][1]["tags"] == ["a"]
     # numbers and texts go to wandb (the judge's name beside its score); bools, lists, bookkeeping do not

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 from model import ModelArgs, Transformer
 from tinylab import checkpoint as ckpt_lib
@@ -14,8 +15,7 @@ def tiny(n_kv_heads=None, tie=True, **kw):
     args = dict(dim=48, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=67, multiple_of=16, max_seq_len=40,
                 tie_embeddings=tie)
     args.update(kw)
-    torch.manual_seed(0)
-    return Transformer(ModelArgs(**args)).double().eval()
+    return tiny_model(dtype=torch.float64, **args)
 
 
 def reference_logits(m, tokens, positions=None, mask=None):

@@ -1,10 +1,15 @@
 """plot.py: curves from metrics.jsonl logs (and sweep summaries) into a PNG."""
 import json
 import struct
+import sys
 
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_main
 
 from tinylab import plotting as plot
+
+
+def plot_cli(*argv):
+    return run_main("plot.py", list(argv))
 
 
 def write_log(path, scale=1.0):
@@ -33,13 +38,13 @@ def test_png_from_small_logs(tmp_path):
     a = write_log(tmp_path / "run_a" / "metrics.jsonl")
     write_log(tmp_path / "run_b" / "metrics.jsonl", scale=0.5)
     out = tmp_path / "figs" / "curves.png"
-    proc = run_cli(["plot.py", str(a), str(tmp_path / "run_b"), "--metrics=loss/test,gen_feature_score,loss/train",
-                    f"--out={out}"])
+    proc = plot_cli(str(a), str(tmp_path / "run_b"), "--metrics=loss/test,gen_feature_score,loss/train", f"--out={out}")
     assert proc.returncode == 0, proc.stderr
     width, height = png_size(out)
     assert width == 800 and height == 900  # 8 x (3 per metric) inches at 100 dpi
     # without --metrics: every numeric metric (mfu is "nan" everywhere, generations are tables)
-    proc = run_cli(["plot.py", str(a), f"--out={tmp_path / 'all.png'}"], check=True)
+    proc = plot_cli(str(a), f"--out={tmp_path / 'all.png'}")
+    assert proc.returncode == 0, proc.stderr
     assert "6 metric(s)" in proc.stdout and png_size(tmp_path / "all.png")[1] == 1800
 
 
@@ -61,25 +66,27 @@ def test_sweep_summary_expands_to_its_runs(tmp_path):
     summary.write_text("".join(json.dumps(r) + "\n" for r in results))
     runs = plot.load_runs([str(summary)])
     assert [label for label, _ in runs] == ["learning_rate=0.001", "learning_rate=0.0001"]
-    proc = run_cli(["plot.py", str(summary), "--metrics=loss/test", f"--out={tmp_path / 's.png'}"], check=True)
+    proc = plot_cli(str(summary), "--metrics=loss/test", f"--out={tmp_path / 's.png'}")
+    assert proc.returncode == 0, proc.stderr
     assert "2 run(s)" in proc.stdout and png_size(tmp_path / "s.png")
 
 
 def test_bad_input(tmp_path):
     log = write_log(tmp_path / "metrics.jsonl")
     out = tmp_path / "x.png"
-    proc = run_cli(["plot.py", str(log), "--metrics=loss/test,loss/nope", f"--out={out}"])
+    proc = plot_cli(str(log), "--metrics=loss/test,loss/nope", f"--out={out}")
     assert_one_line_error(proc, "loss/nope", "available: gen_feature_score")
-    assert_one_line_error(run_cli(["plot.py", str(tmp_path / "missing.jsonl"), f"--out={out}"]), "missing.jsonl")
+    assert_one_line_error(plot_cli(str(tmp_path / "missing.jsonl"), f"--out={out}"), "missing.jsonl")
     assert not out.exists()
 
 
-def test_missing_matplotlib_is_a_clear_message(tmp_path):
-    # a matplotlib that cannot be imported shadows the installed one
-    fake = tmp_path / "shadow" / "matplotlib"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+def test_missing_matplotlib_is_a_clear_message(tmp_path, monkeypatch):
+    # a matplotlib that cannot be imported (None in sys.modules: `import matplotlib` raises
+    # ImportError) stands in for the installed one
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     log = write_log(tmp_path / "metrics.jsonl")
-    proc = run_cli(["plot.py", str(log), f"--out={tmp_path / 'x.png'}"], env={"PYTHONPATH": str(tmp_path / "shadow")})
+    proc = plot_cli(str(log), f"--out={tmp_path / 'x.png'}")
     assert_one_line_error(proc, "needs matplotlib", "pip install matplotlib")
     assert not (tmp_path / "x.png").exists()

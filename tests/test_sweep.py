@@ -13,7 +13,7 @@ import os
 import textwrap
 
 import pytest
-from conftest import REPO, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, read_metrics, run_main
 
 from tinylab import sweeps as sweep
 from tinylab.schema import TRAIN
@@ -44,9 +44,10 @@ def fake_workdir(tmp_path, yaml_text):
 
 
 def run_sweep(workdir, *args):
-    # the runs import the project's configurator, as train.py does from the repository root
-    return run_cli(["sweep.py", str(workdir / "s.yaml"), f"--workdir={workdir}", *args],
-                   env={"PYTHONPATH": REPO}, timeout=120)
+    # sweep.py in this process (its runs are its own subprocesses); the runs import the project's
+    # configurator, as train.py does from the repository root
+    return run_main("sweep.py", [str(workdir / "s.yaml"), f"--workdir={workdir}", *args], cwd=REPO,
+                    env={"PYTHONPATH": REPO})
 
 
 # ---------------------------------------------------------------------- commands = wandb agent's
@@ -224,7 +225,7 @@ def test_runs_offline_records_results_and_skips_completed(tmp_path):
         lr, bs = r["params"]["learning_rate"], r["params"]["batch_size"]
         assert r["final"] == pytest.approx(lr * bs) and r["best"] == pytest.approx(lr * bs)
         assert r["argv"][:3] == ["/usr/bin/env", "python", "fake_train.py"]
-        rows = [json.loads(l) for l in open(os.path.join(r["out_dir"], "metrics.jsonl"))]
+        rows = read_metrics(r["out_dir"])
         assert rows[0]["wandb_mode"] == "offline"
     # out_dir="out/{batch_size}" would put two runs in one folder: each got its own
     assert len({r["out_dir"] for r in results}) == 4 and "--out_dir=" in results[0]["argv"][-1]
@@ -290,10 +291,10 @@ def test_repository_sweeps_match_train_config_keys():
     files = sorted(glob.glob(os.path.join(REPO, "sweeps", "*.yaml")))
     assert files, "no sweeps/*.yaml"
     for path in files:
-        proc = run_cli(["sweep.py", path, "--dry_run"], timeout=120)
+        proc = run_main("sweep.py", [path, "--dry_run"], cwd=REPO)
         assert proc.returncode == 0, proc.stderr
         commands = [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
         assert commands and all(c.startswith("/usr/bin/env python train.py ") for c in commands)
         assert "--out_dir=" not in proc.stdout  # the configs' out_dir templates keep runs apart
-    deletion = run_cli(["sweep.py", os.path.join(REPO, "sweeps", "deletion.yaml"), "--dry_run"]).stdout
+    deletion = run_main("sweep.py", [os.path.join(REPO, "sweeps", "deletion.yaml"), "--dry_run"], cwd=REPO).stdout
     assert len([l for l in deletion.splitlines() if l.startswith("/usr/bin/env")]) == 24

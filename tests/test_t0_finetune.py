@@ -7,8 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
-from t0_setup import TOK8192, make_t0_setup, read_metrics, t0_args, train_losses
+from conftest import TOK8192, assert_one_line_error, read_metrics, run_main, t0_args, train_losses
 
 import finetune_t0
 from tinylab import checkpoint as ckpt_lib
@@ -21,8 +20,8 @@ from tinylab.trainer import Run
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    return make_t0_setup(str(tmp_path_factory.mktemp("t0")))
+def setup(t0_setup):
+    return t0_setup
 
 
 def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
@@ -144,25 +143,17 @@ def test_cli_errors_are_one_line(setup, tmp_path):
     mixture, base = setup
     hub = bad_mixture(tmp_path, {"name": "copa", "hf": "bigscience/P3", "config": "copa_best_option"})
     # conftest keeps the hub offline (HF_DATASETS_OFFLINE=1): a clear line, no network, no retries
-    assert_one_line_error(run_cli(["finetune_t0.py"] + t0_args(hub, base, str(tmp_path / "o"))),
+    assert_one_line_error(run_main("finetune_t0.py", t0_args(hub, base, str(tmp_path / "o"))),
                           "hub source 'copa'", "offline")
 
 
-def test_pretrain_text_group_tracks_forgetting(setup, tmp_path):
+def test_pretrain_text_group_tracks_forgetting(setup, tiny_corpus, tmp_path):
     """pretrain_text: the ordinary LM loss on a pretokenized dataset's test shard, logged as
     loss/valid/pretrain_text beside the task groups and kept out of their mean; at iteration 0 it
     equals the base model's loss on the same loader windows, computed here directly."""
-    import shutil
-
     from tinylab.pretokenized import BatchLoader
     mixture, base = setup
-    cache = str(tmp_path / "data")
-    run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={cache}", "--num_shards=2", "--stories_per_shard=60"],
-            check=True)
-    shutil.copy(TOK8192, os.path.join(cache, "tok8192.model"))
-    run_cli(["tinystories.py", "pretokenize", "--vocab_size=8192", f"--data_cache_dir={cache}",
-             "--dataset_name=pretrain-all", "--workers=1"], check=True)
-    folder = os.path.join(cache, "tok8192", "pretrain-all")
+    cache, folder = tiny_corpus.cache_dir, tiny_corpus.dataset_dir  # tok8192/pretrain-all
     out = str(tmp_path / "ft")
     finetune_t0.main(t0_args(mixture, base, out, max_iters=4, eval_interval=4, eval_iters=2, pretrain_text=folder))
     evals = [r for r in read_metrics(out) if r["kind"] == "eval"]

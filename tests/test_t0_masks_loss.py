@@ -6,17 +6,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model as shared_tiny_model
 
-from model import ModelArgs, Transformer
 from tinylab import t0_data as T
 
 V = 61
 
 
 def tiny_model(seed=0, max_seq_len=64):
-    torch.manual_seed(seed)
-    return Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=V, multiple_of=16,
-                                 max_seq_len=max_seq_len)).double().eval()
+    return shared_tiny_model(seed=seed, vocab_size=V, max_seq_len=max_seq_len, dtype=torch.float64)
 
 
 def examples(n=12, seed=0):

@@ -6,20 +6,18 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TOK8192, assert_one_line_error, run_cli
+from conftest import TOK8192, assert_one_line_error, run_main, save_tiny_checkpoint
+from conftest import tiny_model as shared_tiny_model
 from torch import nn
 
-from model import ModelArgs, Transformer
-from tinylab import checkpoint as ckpt_lib
+from model import ModelArgs
 from tinylab.rank_eval import rank_accuracy, rank_examples, score_choices, summarize
 from tinylab.t0_data import ExampleEncoder
 from tinylab.tokenizer import Tokenizer
 
 
 def tiny_model(vocab=67, max_seq_len=40):
-    torch.manual_seed(0)
-    return Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, multiple_of=16,
-                                 max_seq_len=max_seq_len)).double().eval()
+    return shared_tiny_model(vocab_size=vocab, max_seq_len=max_seq_len, dtype=torch.float64)
 
 
 def random_pairs(n, seed=0, vocab=67):
@@ -116,19 +114,16 @@ def test_medians():
 
 def test_command_line(tmp_path):
     tok = Tokenizer(TOK8192)
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, vocab_size=tok.vocab_size, multiple_of=16, max_seq_len=64))
-    ckpt = {"model": model.state_dict(), "model_args": ckpt_lib.model_args_dict(model), "iter_num": 0,
-            "config": {"tokenizer_model": TOK8192, "vocab_size": tok.vocab_size}}
-    ckpt_lib.save_checkpoint(ckpt, str(tmp_path / "base" / "ckpt.pt"))
+    model = shared_tiny_model(dim=16, n_layers=1, n_heads=2, n_kv_heads=None, vocab_size=tok.vocab_size, max_seq_len=64)
+    save_tiny_checkpoint(tmp_path / "base" / "ckpt.pt", model)  # its config names TOK8192
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"inputs": f"Is {i} even?", "targets": "yes" if i % 2 == 0 else "no",
                                         "answer_choices": ["yes", "no"]}) + "\n" for i in range(10)))
     out = tmp_path / "rank.json"
-    proc = run_cli(["evaluation/eval_rank.py", f"--checkpoint={tmp_path / 'base'}", f"--data=even={data}",
-                    "--device=cpu", f"--out={out}"], check=True)
+    proc = run_main("evaluation/eval_rank.py", [f"--checkpoint={tmp_path / 'base'}", f"--data=even={data}",
+                                                "--device=cpu", f"--out={out}"], check=True)
     assert "even" in proc.stdout and "rank_acc_median" in proc.stdout
     res = json.loads(out.read_text())
     assert res["groups"]["even"]["n"] == 10 and 0.0 <= res["summary"]["rank_acc_median"] <= 1.0
-    assert_one_line_error(run_cli(["evaluation/eval_rank.py", f"--checkpoint={tmp_path / 'base'}", "--device=cpu"]),
+    assert_one_line_error(run_main("evaluation/eval_rank.py", [f"--checkpoint={tmp_path / 'base'}", "--device=cpu"]),
                           "nothing to evaluate")

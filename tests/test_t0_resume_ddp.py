@@ -6,17 +6,17 @@ import os
 
 import pytest
 import torch
-from conftest import kill_when_file_appears, run_cli
-from t0_setup import make_t0_setup, t0_args, train_losses
+from conftest import kill_when_file_appears, run_cli, t0_args, train_losses
 
 import finetune_t0
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    return make_t0_setup(str(tmp_path_factory.mktemp("t0")))
+def setup(t0_setup):
+    return t0_setup
 
 
+@pytest.mark.slow
 def test_exact_resume_after_sigkill(setup, tmp_path):
     mixture, base = setup
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
@@ -35,6 +35,7 @@ def test_exact_resume_after_sigkill(setup, tmp_path):
         assert a[it] == b[it], (it, a[it], b[it])  # bit for bit
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one(setup, tmp_path):
     mixture, base = setup
     one, two = str(tmp_path / "one"), str(tmp_path / "two")

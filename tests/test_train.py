@@ -1,10 +1,14 @@
 """train.py end to end on a tiny synthesized corpus: metrics, exact resume after SIGKILL, atomic
-checkpoints, 2-process DDP vs 1 process, NaN guard, SIGINT, resume_model, eval_only, errors."""
-import json
+checkpoints, 2-process DDP vs 1 process, NaN guard, SIGINT, resume_model, eval_only, errors.
+
+Runs are in this process (conftest.run_main) unless the process itself is tested: SIGKILL,
+SIGINT, torchrun; two runs whose losses are compared bit for bit run in the same kind of process."""
 import os
 import signal
 import subprocess
+import sys
 import time
+import types
 
 import pytest
 import torch
@@ -13,22 +17,18 @@ from conftest import (
     REPO,
     assert_one_line_error,
     kill_when_file_appears,
+    read_metrics,
     run_cli,
+    run_main,
+    train_losses,
 )
 
-VOCAB = 1024
+VOCAB = 1024  # lab_corpus's trained tokenizer and its datasets: the default one and filter-Twist
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    """A small synthesized corpus, tokenizer and default dataset (built once per session)."""
-    d = str(tmp_path_factory.mktemp("train_corpus"))
-    run_cli(["tinystories.py", "synthesize", f"--data_cache_dir={d}", "--num_shards=3", "--stories_per_shard=300", "--seed=0"], check=True)
-    run_cli(["tinystories.py", "train_vocab", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}"], check=True)
-    run_cli(["tinystories.py", "pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}"], check=True)
-    run_cli(["tinystories.py", "pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={d}",
-             "--filtering=features!=Twist", "--dataset_name=filter-Twist"], check=True)
-    return d
+@pytest.fixture(scope="module")
+def corpus(lab_corpus):
+    return lab_corpus.cache_dir
 
 
 def tiny_args(corpus, out_dir, **over):
@@ -40,16 +40,17 @@ def tiny_args(corpus, out_dir, **over):
     return ["train.py"] + [f"--{k}={v}" for k, v in cfg.items()]
 
 
-def losses(out_dir):
-    rows = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
-    return {r["iter"]: r["loss/train"] for r in rows if r["kind"] == "train"}
+def train(argv, **kw):
+    """train.py in this process; argv as tiny_args gives it (starting with the script)."""
+    return run_main(argv[0], argv[1:], **kw)
+
 
 
 def test_train_logs_metrics_and_generations(corpus, tmp_path):
     out = str(tmp_path / "run")
     # windows must be long enough to hold a whole instruction header for generation prompts
-    run_cli(tiny_args(corpus, out, eval_dataset_names=["filter-Twist"], max_seq_len=256, max_new_tokens=16), check=True)
-    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    train(tiny_args(corpus, out, eval_dataset_names=["filter-Twist"], max_seq_len=256, max_new_tokens=16), check=True)
+    rows = read_metrics(out)
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["iter"] for r in train_rows] == list(range(30))
     assert all(r["loss/train"] > 0 and r["lr"] > 0 and r["tokens_per_s"] > 0 for r in train_rows)
@@ -69,6 +70,7 @@ def test_train_logs_metrics_and_generations(corpus, tmp_path):
     assert ckpt["best_val_loss"] == evals[-1]["best_val_loss"]
 
 
+@pytest.mark.slow
 def test_exact_resume_after_sigkill(corpus, tmp_path):
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
     common = dict(max_iters=60, checkpoint_interval=10, eval_interval=20, max_new_tokens=0)
@@ -78,12 +80,13 @@ def test_exact_resume_after_sigkill(corpus, tmp_path):
     start = torch.load(ckpt_path, weights_only=True)["iter_num"]
     assert 10 <= start < 60
     run_cli(tiny_args(corpus, killed, init_from="resume_train", **common), check=True)
-    a, b = losses(ref), losses(killed)
+    a, b = train_losses(ref), train_losses(killed)
     assert sorted(b) == list(range(60))  # the resumed run dropped and redid the killed run's tail
     for it in range(start, 60):
         assert a[it] == b[it], (it, a[it], b[it])  # bit for bit
 
 
+@pytest.mark.slow
 def test_checkpoint_write_is_atomic_under_kill(tmp_path):
     """Kill a process while it rewrites a large checkpoint; the file is always a whole one."""
     path = str(tmp_path / "ckpt.pt")
@@ -107,18 +110,20 @@ def test_checkpoint_write_is_atomic_under_kill(tmp_path):
     assert all(f.startswith(".tmp_") for f in leftovers)  # only temp files, never a half ckpt.pt
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one(corpus, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     common = dict(max_iters=6, eval_interval=100, max_new_tokens=0, dropout=0.0, gradient_accumulation_steps=2)
-    run_cli(tiny_args(corpus, one, **common), check=True)
+    train(tiny_args(corpus, one, **common), check=True)  # the 1-process reference, in this process
     proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + tiny_args(corpus, two, **common))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = losses(one), losses(two)
+    a, b = train_losses(one), train_losses(two)
     assert sorted(a) == sorted(b) == list(range(6))
     for it in a:
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
+@pytest.mark.slow
 def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
     """2 processes with dropout: a run stopped at a checkpoint and resumed gives the uninterrupted
     run's losses bit for bit (each rank's generators are saved and restored)."""
@@ -129,21 +134,22 @@ def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
                  tiny_args(corpus, split, max_iters=10, init_from="resume_train", **common)):
         proc = run_cli(ddp + argv)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = losses(full), losses(split)
+    a, b = train_losses(full), train_losses(split)
     assert sorted(a) == sorted(b) == list(range(10))
     assert all(a[it] == b[it] for it in range(10)), [(it, a[it], b[it]) for it in range(10) if a[it] != b[it]]
 
 
 def test_nan_guard_keeps_last_good_checkpoint(corpus, tmp_path):
     out = str(tmp_path / "nan")
-    run_cli(tiny_args(corpus, out, max_iters=4, eval_interval=2, max_new_tokens=0), check=True)
-    proc = run_cli(tiny_args(corpus, out, init_from="resume_train", max_iters=40, eval_interval=2, max_new_tokens=0,
-                             learning_rate=1e30, lr_scheduling=False, grad_clip=0.0))
+    train(tiny_args(corpus, out, max_iters=4, eval_interval=2, max_new_tokens=0), check=True)
+    proc = train(tiny_args(corpus, out, init_from="resume_train", max_iters=40, eval_interval=2, max_new_tokens=0,
+                           learning_rate=1e30, lr_scheduling=False, grad_clip=0.0))
     assert_one_line_error(proc, "nan/inf at iteration", "last good checkpoint kept")
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+@pytest.mark.slow
 def test_sigint_stops_with_a_checkpoint(corpus, tmp_path):
     out = str(tmp_path / "int")
     env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
@@ -157,23 +163,23 @@ def test_sigint_stops_with_a_checkpoint(corpus, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
-    assert ckpt["iter_num"] >= 4 and max(losses(out)) == ckpt["iter_num"] - 1
+    assert ckpt["iter_num"] >= 4 and max(train_losses(out)) == ckpt["iter_num"] - 1
 
 
 def test_resume_model_and_eval_only(corpus, tmp_path):
     base, ft = str(tmp_path / "base"), str(tmp_path / "ft")
-    run_cli(tiny_args(corpus, base, max_iters=6, max_new_tokens=0), check=True)
+    train(tiny_args(corpus, base, max_iters=6, max_new_tokens=0), check=True)
     # fine-tune: weights from model_dir, new optimizer, iteration 0; the shape comes from the
     # checkpoint even if the config says otherwise (with a notice)
-    proc = run_cli(tiny_args(corpus, ft, init_from="resume_model", model_dir=base, dataset_name="filter-Twist",
-                             dim=64, max_iters=3, max_new_tokens=0, lr_scheduling=False), check=True)
+    proc = train(tiny_args(corpus, ft, init_from="resume_model", model_dir=base, dataset_name="filter-Twist",
+                           dim=64, max_iters=3, max_new_tokens=0, lr_scheduling=False), check=True)
     assert "notice: model shape taken from" in proc.stdout
-    assert sorted(losses(ft)) == [0, 1, 2]
-    proc = run_cli(tiny_args(corpus, base, init_from="resume_train", eval_only=True, max_new_tokens=0), check=True)
+    assert sorted(train_losses(ft)) == [0, 1, 2]
+    proc = train(tiny_args(corpus, base, init_from="resume_train", eval_only=True, max_new_tokens=0), check=True)
     assert "loss/test" in proc.stdout and "notice: optimizer settings" not in proc.stdout
     # resume_train with other optimizer settings: the config wins, with a notice
-    proc = run_cli(tiny_args(corpus, base, init_from="resume_train", max_iters=8, max_new_tokens=0, weight_decay=0.05,
-                             beta2=0.99), check=True)
+    proc = train(tiny_args(corpus, base, init_from="resume_train", max_iters=8, max_new_tokens=0, weight_decay=0.05,
+                           beta2=0.99), check=True)
     assert "notice: optimizer settings from the config replace the checkpoint's" in proc.stdout
     groups = torch.load(os.path.join(base, "ckpt.pt"), weights_only=True)["optimizer"]["param_groups"]
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05] and all(g["betas"][1] == 0.99 for g in groups)
@@ -182,24 +188,26 @@ def test_resume_model_and_eval_only(corpus, tmp_path):
 def test_always_save_checkpoint_false_saves_only_after_improvement(corpus, tmp_path):
     # learning rate 0: loss/test is the same at every evaluation, so only the first one improves
     out = str(tmp_path / "a")
-    proc = run_cli(tiny_args(corpus, out, max_iters=20, eval_interval=5, checkpoint_interval=5, learning_rate=0,
-                             max_new_tokens=0, always_save_checkpoint=False, eval_batch_size=3), check=True)
+    proc = train(tiny_args(corpus, out, max_iters=20, eval_interval=5, checkpoint_interval=5, learning_rate=0,
+                           max_new_tokens=0, always_save_checkpoint=False, eval_batch_size=3), check=True)
     saved = [int(l.rsplit("(iter ", 1)[1].rstrip(")")) for l in proc.stdout.splitlines() if l.startswith("saved checkpoint")]
     assert saved == [5, 20]  # after the improving eval at 0, and the final one; not at 10 or 15
-    proc = run_cli(tiny_args(corpus, str(tmp_path / "b"), max_iters=10, eval_interval=5, checkpoint_interval=5,
-                             learning_rate=0, max_new_tokens=0), check=True)
+    proc = train(tiny_args(corpus, str(tmp_path / "b"), max_iters=10, eval_interval=5, checkpoint_interval=5,
+                           learning_rate=0, max_new_tokens=0), check=True)
     assert sum(l.startswith("saved checkpoint") for l in proc.stdout.splitlines()) == 2  # default: every interval
 
 
 def test_bad_input_errors(corpus, tmp_path):
     out = str(tmp_path / "bad")
-    assert_one_line_error(run_cli(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
-    assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="resume_train")), "no checkpoint")
-    assert_one_line_error(run_cli(tiny_args(corpus, out, vocab_size=512)), "512")
-    assert_one_line_error(run_cli(tiny_args(corpus, out, init_from="foo")), "--init_from='foo': must be one of")
+    assert_one_line_error(train(tiny_args(corpus, out, dataset_name="no-such-dataset")), "pretokenize")
+    assert_one_line_error(train(tiny_args(corpus, out, init_from="resume_train")), "no checkpoint")
+    assert_one_line_error(train(tiny_args(corpus, out, vocab_size=512)), "512")
+    assert_one_line_error(train(tiny_args(corpus, out, init_from="foo")), "--init_from='foo': must be one of")
 
 
-def test_wandb_offline_and_broken_wandb_never_stop_training(corpus, tmp_path):
+@pytest.mark.slow
+def test_wandb_offline_never_stops_training(corpus, tmp_path):
+    # the real wandb, offline, in a subprocess of its own (wandb keeps process-wide state)
     out = str(tmp_path / "wb")
     proc = run_cli(tiny_args(corpus, out, max_iters=3, eval_interval=2, wandb_log=True, wandb_run_name="t",
                              save_best_model=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
@@ -207,12 +215,15 @@ def test_wandb_offline_and_broken_wandb_never_stop_training(corpus, tmp_path):
     runs = os.listdir(os.path.join(out, "wandb"))  # wandb files live in the run folder
     assert any(d.startswith("offline-run") for d in runs), runs
     assert os.path.exists(os.path.join(out, "ckpt_best.pt"))
-    assert sorted(losses(out)) == [0, 1, 2]
+    assert sorted(train_losses(out)) == [0, 1, 2]
+
+
+def test_broken_wandb_never_stops_training(corpus, tmp_path, monkeypatch):
     # a wandb whose init raises (no server, no login, ...): a warning, and training goes on
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "wandb.py").write_text("def init(**kw):\n    raise RuntimeError('no server')\n")
+    def init(**kw):
+        raise RuntimeError("no server")
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     out2 = str(tmp_path / "wb2")
-    proc = run_cli(tiny_args(corpus, out2, max_iters=3, wandb_log=True), env={"PYTHONPATH": str(fake)})
+    proc = train(tiny_args(corpus, out2, max_iters=3, wandb_log=True))
     assert proc.returncode == 0 and "wandb could not start" in proc.stderr
-    assert sorted(losses(out2)) == [0, 1, 2]
+    assert sorted(train_losses(out2)) == [0, 1, 2]

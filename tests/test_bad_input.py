@@ -1,0 +1,901 @@
+"""Bad input at every command line, against the project's standard (tinylab/errors.py): one line on
+stderr starting with "error: ", a non-zero exit (2 for a UserError, 1 for an OSError, 130 for
+Ctrl-C), no traceback, and nothing lost: every file that existed before is byte-identical
+afterwards and no temp file (.tmp*) is left.
+
+Most cases run in-process (conftest.run_main, behind the same cli_main boundary as the command
+line); a handful are subprocesses: Ctrl-C, the out_dir lock, and end-to-end checks. Read-only
+folders and full disks are tmpfs mounts when running as root (root ignores permission bits), and
+skipped with a reason where mounting is not permitted.
+"""
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import LLAMA2_TOKENIZER, PYTHON, REPO, TOK8192, WIKITEXT, assert_one_line_error, run_cli, run_main
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+# ---------------------------------------------------------------------- nothing lost
+
+def snapshot(*roots):
+    """{path: sha256 of the file | "<dir>"} of everything under `roots` (the out_dir lock file is
+    the lock's, rewritten with the holder's pid by every process that takes it, so it is left out)."""
+    out = {}
+    for root in roots:
+        root = str(root)
+        if not os.path.exists(root):
+            continue
+        for d, dirs, files in os.walk(root):
+            for name in dirs:
+                out[os.path.join(d, name)] = "<dir>"
+            for name in files:
+                if name == ".lock":
+                    continue
+                p = os.path.join(d, name)
+                if os.path.islink(p) or not os.path.isfile(p):
+                    out[p] = "<other>"
+                    continue
+                with open(p, "rb") as f:
+                    out[p] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def assert_nothing_lost(before, after, nothing_new=False, may_change=()):
+    """Every entry of `before` is still there, unchanged (except `may_change` paths); no new temp
+    files; with `nothing_new`, no new entries at all."""
+    changed = [p for p, h in before.items() if after.get(p) != h and p not in may_change]
+    assert not changed, f"changed or removed: {changed}"
+    new = sorted(set(after) - set(before))
+    temps = [p for p in new if os.path.basename(p).startswith((".tmp", ".old-"))]
+    assert not temps, f"temp files left: {temps}"
+    if nothing_new:
+        assert not new, f"new files or folders: {new}"
+
+
+def assert_error(proc, code, *fragments):
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert_one_line_error(proc, *fragments)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path, size="1m", read_only=False, fill=None):
+    """A tmpfs of `size` at `path` (root only, else skip). `fill(path)` runs on it before it is
+    remounted read-only (read_only=True)."""
+    if not IS_ROOT:
+        pytest.skip("a tmpfs mount (full disk, read-only folder) needs root")
+    os.makedirs(path, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {proc.stderr.strip()}")
+    try:
+        if fill:
+            fill(str(path))
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def read_only_dir(path, fill=None, size="1m"):
+    """A folder nobody may write into: a read-only tmpfs as root (root ignores permission bits),
+    else mode 0o555."""
+    if IS_ROOT:
+        with mounted_tmpfs(path, size, read_only=True, fill=fill) as p:
+            yield p
+        return
+    os.makedirs(path, exist_ok=True)
+    if fill:
+        fill(str(path))
+    folders = [d for d, _, _ in os.walk(path)]
+    for d in folders:
+        os.chmod(d, 0o555)
+    try:
+        yield str(path)
+    finally:
+        for d in folders:
+            os.chmod(d, 0o755)
+
+
+def fill_up(folder, leave_bytes):
+    """Write a filler file so that about `leave_bytes` stay free on the file system of `folder`."""
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    n = max(0, free - leave_bytes)
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        f.write(b"\0" * n)
+    return n
+
+
+# ---------------------------------------------------------------------- what the cases run on
+
+VOCAB = 8192
+
+
+def train_argv(corpus, out_dir=None, **over):
+    """A tiny train.py run on the session's tiny corpus (about a second)."""
+    cfg = dict(data_cache_dir=corpus.cache_dir, vocab_size=VOCAB, dataset_name=corpus.dataset_name, out_dir=out_dir,
+               dim=16, n_layers=1, n_heads=2, n_kv_heads=1, multiple_of=16, max_seq_len=32, batch_size=2,
+               gradient_accumulation_steps=1, learning_rate=1e-3, warmup_iters=0, max_iters=2, eval_interval=2,
+               eval_iters=1, log_interval=1, max_new_tokens=0, device="cpu", dtype="float32")
+    cfg.update(over)
+    return [f"--{k}={v}" for k, v in cfg.items()]
+
+
+@pytest.fixture(scope="module")
+def world(tiny_corpus, tmp_path_factory):
+    """Shared, read-only inputs of the cases (snapshotted around every case):
+        run/       a finished 2-iteration train.py run (ckpt.pt with optimizer state, metrics.jsonl, config.json)
+        model.bin  its llama2.c v1 export
+        t0/        the T0 demo mixture and a tiny base checkpoint (conftest.make_t0_setup)
+        text files for the evaluation tools
+    """
+    from conftest import make_t0_setup
+
+    root = str(tmp_path_factory.mktemp("bad_input_world"))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = os.path.join(root, "run")
+        proc = run_main("train.py", train_argv(tiny_corpus, run))
+        assert proc.returncode == 0, proc.stderr
+        proc = run_main("export.py", [os.path.join(root, "model.bin"), "--version=1", f"--checkpoint={run}"])
+        assert proc.returncode == 0, proc.stderr
+        mixture, base = make_t0_setup(os.path.join(root, "t0"))
+    finally:
+        torch.set_num_threads(n)
+    w = SimpleNamespace(root=root, run=run, ckpt=os.path.join(run, "ckpt.pt"), bin=os.path.join(root, "model.bin"),
+                        mixture=mixture, base=base, corpus=tiny_corpus)
+    # a LAMBADA file whose one passage ends in a word of far more tokens than the model's window (32)
+    w.long_word = os.path.join(root, "long_word.jsonl")
+    with open(w.long_word, "w") as f:
+        f.write(json.dumps({"text": "The cat sat on the " + "qzxjvkwpqzxjvkwp" * 8}) + "\n")
+    w.latin1 = os.path.join(root, "latin1.txt")
+    with open(w.latin1, "wb") as f:
+        f.write("Caf\xe9 au lait. Na\xefve r\xe9sum\xe9.\n".encode("latin-1"))
+    return w
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------- the table of in-process cases
+
+class Case:
+    """One bad command: `argv(ctx)` (ctx: t = the case's own folder, w = the world, c = the
+    corpus), optional `setup(ctx)` that writes files into the case folder first, the exit code
+    and fragments of the one error line. `nothing_new`: the command must not create anything."""
+
+    def __init__(self, id, script, argv, *fragments, code=2, setup=None, nothing_new=True):
+        self.id, self.script, self.argv, self.fragments = id, script, argv, fragments
+        self.code, self.setup, self.nothing_new = code, setup, nothing_new
+
+
+def T(ctx, **over):
+    return train_argv(ctx.c, **{"out_dir": os.path.join(ctx.t, "out"), **over})
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+
+
+def copy_raw(ctx):
+    """A private data cache with the corpus's raw shards and tokenizer (shard files may be edited)."""
+    cache = os.path.join(ctx.t, "cache")
+    shutil.copytree(ctx.c.raw_dir, os.path.join(cache, "TinyStories_all_data"))
+    shutil.copy(ctx.c.tokenizer_model, cache)
+    return cache
+
+
+def edit_shard(ctx, edit):
+    cache = copy_raw(ctx)
+    path = os.path.join(cache, "TinyStories_all_data", "data01.json")
+    records = json.load(open(path))
+    write(path, edit(records))
+
+
+def features_string(records):
+    records[5]["instruction"]["features"] = "Twist"
+    return json.dumps(records)
+
+
+def manifest_edit(ctx, value):
+    """A private copy of the corpus's dataset whose manifest.json is `value` (JSON text)."""
+    cache = os.path.join(ctx.t, "cache")
+    shutil.copytree(ctx.c.cache_dir, cache, ignore=shutil.ignore_patterns("judges"))
+    write(os.path.join(cache, "tok8192", ctx.c.dataset_name, "manifest.json"), value)
+
+
+def without_key(ctx, key):
+    m = json.load(open(os.path.join(ctx.c.dataset_dir, "manifest.json")))
+    del m[key]
+    return json.dumps(m)
+
+
+def TC(ctx, **over):
+    """train.py on the private cache of manifest_edit."""
+    return T(ctx, data_cache_dir=os.path.join(ctx.t, "cache"), **over)
+
+
+def T0(ctx, **over):
+    cfg = dict(mixture=ctx.w.mixture, model_dir=ctx.w.base, out_dir=os.path.join(ctx.t, "ft"), batch_size=2,
+               max_iters=2, eval_interval=2, eval_iters=1, rank_eval_examples=2, device="cpu", dtype="float32")
+    cfg.update(over)
+    return [f"--{k}={v}" for k, v in cfg.items()]
+
+
+def PRE(ctx, *extra, cache=None):
+    return ["pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={cache or os.path.join(ctx.t, 'cache')}",
+            "--workers=1", *extra]
+
+
+def GROW(ctx, *extra, out=None):
+    return [f"--resume={ctx.w.ckpt}", f"--out_dir={os.path.join(ctx.t, 'grown') if out is None else out}", *extra]
+
+
+def EV(ctx, *extra, ckpt=None):
+    return [f"--checkpoint={ckpt or ctx.w.ckpt}", "--device=cpu", *extra]
+
+
+def sweep_yaml(text):
+    return lambda ctx: write(os.path.join(ctx.t, "s.yaml"), text)
+
+
+def SW(ctx, *extra):
+    return [os.path.join(ctx.t, "s.yaml"), f"--out_dir={os.path.join(ctx.t, 'sweep')}", *extra]
+
+
+def metrics_file(ctx, lines=(b'{"iter": 0, "kind": "train", "loss/train": 3.0}',
+                             b'{"iter": 1, "kind": "train", "loss/train": 2.5}')):
+    write(os.path.join(ctx.t, "run", "metrics.jsonl"), b"\n".join(lines) + b"\n")
+
+
+def a_file(ctx, name="blocker"):
+    write(os.path.join(ctx.t, name), "keep me\n")
+
+
+def run_folder(ctx, name="out"):
+    """A finished run's files (copies of the world's run) in the case folder."""
+    shutil.copytree(ctx.w.run, os.path.join(ctx.t, name))
+
+
+P = os.path.join
+
+CASES = [
+    # ------------------------------------------------------------------ train.py: values
+    Case("train-dim-not-divisible", "train.py", lambda x: T(x, dim=30, n_heads=4), "dim=30 is not divisible by n_heads=4"),
+    Case("train-kv-not-dividing", "train.py", lambda x: T(x, dim=32, n_heads=4, n_kv_heads=3), "n_kv_heads=3 must divide n_heads=4"),
+    Case("train-dropout", "train.py", lambda x: T(x, dropout=1.5), "--dropout=1.5: must be in [0, 1)"),
+    Case("train-hidden-dim", "train.py", lambda x: T(x, hidden_dim=-4), "--hidden_dim=-4: must be in [0, inf)"),
+    Case("train-grad-accum", "train.py", lambda x: T(x, gradient_accumulation_steps=0), "--gradient_accumulation_steps=0"),
+    Case("train-eval-interval", "train.py", lambda x: T(x, eval_interval=0), "--eval_interval=0: must be in [1, inf)"),
+    Case("train-log-interval", "train.py", lambda x: T(x, log_interval=0), "--log_interval=0: must be in [1, inf)"),
+    Case("train-eval-iters", "train.py", lambda x: T(x, eval_iters=0), "--eval_iters=0: must be in [1, inf)"),
+    Case("train-max-iters", "train.py", lambda x: T(x, max_iters=-3), "--max_iters=-3: must be in [0, inf)"),
+    Case("train-device-cuda", "train.py", lambda x: T(x, device="cuda"), "--device='cuda'", "CUDA is not available"),
+    Case("train-device-tpu", "train.py", lambda x: T(x, device="tpu"), "--device='tpu'"),
+    Case("train-lr-nan", "train.py", lambda x: T(x, learning_rate=float("nan")), "learning_rate"),
+    Case("train-wrong-type", "train.py", lambda x: T(x, batch_size="many"), "'batch_size' expects int"),
+    Case("train-bad-choice", "train.py", lambda x: T(x, optimizer="sgd"), "--optimizer='sgd': must be one of"),
+    Case("train-typo", "train.py", lambda x: T(x) + ["--learnig_rate=1e-3"], "unknown config key 'learnig_rate'",
+         "did you mean 'learning_rate'?"),
+    Case("train-no-equals", "train.py", lambda x: T(x) + ["--dim", "32"], "--dim has no value"),
+    Case("train-missing-config-file", "train.py", lambda x: [P(x.t, "nope.py")] + T(x), "config file not found"),
+    Case("train-broken-config-file", "train.py", lambda x: [P(x.t, "cfg.py")] + T(x), "cfg.py failed",
+         setup=lambda x: write(P(x.t, "cfg.py"), "dim = (\n")),
+    Case("train-min-lr-above-lr", "train.py", lambda x: T(x, min_lr=1.0), "min_lr=1.0 is above learning_rate"),
+    Case("train-grow-schedule", "train.py", lambda x: T(x, grow_schedule="1:heads"), "doubling"),
+    Case("train-no-dataset", "train.py", lambda x: T(x, dataset_name="no-such-dataset"), "not found", "pretokenize"),
+    Case("train-resume-without-ckpt", "train.py", lambda x: T(x, init_from="resume_train"), "no checkpoint at"),
+    Case("train-resume-model-no-dir", "train.py", lambda x: T(x, init_from="resume_model"), "needs --model_dir"),
+    Case("train-resume-junk-ckpt", "train.py", lambda x: T(x, init_from="resume_train"), "is not a readable checkpoint",
+         setup=lambda x: write(P(x.t, "out", "ckpt.pt"), b"junk")),
+    Case("train-resume-model-junk", "train.py", lambda x: T(x, init_from="resume_model", model_dir=P(x.t, "base")),
+         "base/ckpt.pt is not a readable checkpoint", setup=lambda x: write(P(x.t, "base", "ckpt.pt"), b"junk")),
+    Case("train-out-dir-placeholder", "train.py", lambda x: T(x, out_dir=P(x.t, "o_{nokey}")), "cannot fill placeholder 'nokey'"),
+    Case("train-window-too-long", "train.py", lambda x: T(x, max_seq_len=10 ** 6, batch_size=1), "too small for windows"),
+    Case("train-eval-dataset-missing", "train.py", lambda x: T(x, eval_dataset_names="nope"), "tok8192/nope not found"),
+    Case("train-generation-datasets", "train.py", lambda x: T(x, generation_datasets="foo"), "generation_datasets names ['foo']"),
+    Case("train-other-tokenizer", "train.py", lambda x: T(x, tokenizer_model=LLAMA2_TOKENIZER),
+         "was tokenized with a different tokenizer"),
+    Case("train-shard-truncated", "train.py", TC, "data01.bin is missing or has the wrong size",
+         setup=lambda x: (manifest_edit(x, open(P(x.c.dataset_dir, "manifest.json")).read()),
+                          write(P(x.t, "cache", "tok8192", x.c.dataset_name, "data01.bin"), b"\0\0"))),
+    # ------------------------------------------------------------------ train.py: out_dir
+    Case("train-out-dir-empty", "train.py", lambda x: T(x, out_dir=""), "--out_dir='': must not be empty"),
+    Case("train-out-dir-is-a-file", "train.py", lambda x: T(x, out_dir=P(x.t, "blocker")), "exists and is not a folder",
+         setup=a_file),
+    Case("train-out-dir-under-a-file", "train.py", lambda x: T(x, out_dir=P(x.t, "blocker", "run")), "is not a folder",
+         setup=a_file),
+    Case("train-scratch-over-a-run", "train.py", lambda x: T(x), "already holds a run", "--overwrite=True",
+         setup=run_folder),
+    Case("train-resume-model-over-a-run", "train.py", lambda x: T(x, init_from="resume_model", model_dir=x.w.run),
+         "already holds a run", setup=run_folder),
+    # ------------------------------------------------------------------ train.py: datasets at the edge
+    Case("train-manifest-not-object", "train.py", TC, "expected a JSON object, got list",
+         setup=lambda x: manifest_edit(x, "[1, 2]")),
+    Case("train-manifest-missing-key", "train.py", TC, "no 'shards' entry",
+         setup=lambda x: manifest_edit(x, without_key(x, "shards"))),
+    Case("train-manifest-not-json", "train.py", TC, "corrupt", "manifest.json",
+         setup=lambda x: manifest_edit(x, "{not json")),
+    Case("train-manifest-not-utf8", "train.py", TC, "corrupt", "manifest.json",
+         setup=lambda x: manifest_edit(x, b'{"x": "\xff\xfe"}')),
+    # ------------------------------------------------------------------ finetune_t0.py
+    Case("t0-init-scratch", "finetune_t0.py", lambda x: T0(x, init_from="scratch"), "--init_from='scratch': must be one of"),
+    Case("t0-dropout", "finetune_t0.py", lambda x: T0(x, dropout=1.5), "--dropout=1.5"),
+    Case("t0-typo", "finetune_t0.py", lambda x: T0(x) + ["--mixtrue=x"], "unknown config key 'mixtrue'", "mixture"),
+    Case("t0-lm-key", "finetune_t0.py", lambda x: T0(x) + ["--dim=64"], "unknown config key 'dim'"),
+    Case("t0-no-mixture", "finetune_t0.py", lambda x: T0(x, mixture=""), "no mixture given"),
+    Case("t0-missing-mixture", "finetune_t0.py", lambda x: T0(x, mixture=P(x.t, "m.json")), "not found"),
+    Case("t0-mixture-not-object", "finetune_t0.py", lambda x: T0(x, mixture=P(x.t, "m.json")), "top-level object",
+         setup=lambda x: write(P(x.t, "m.json"), "[]")),
+    Case("t0-mixture-not-utf8", "finetune_t0.py", lambda x: T0(x, mixture=P(x.t, "m.json")), "m.json",
+         setup=lambda x: write(P(x.t, "m.json"), b'{"train": "\xff"}')),
+    Case("t0-seq-len-above-base", "finetune_t0.py", lambda x: T0(x, max_seq_len=4096), "exceeds the base model's 128"),
+    Case("t0-missing-base", "finetune_t0.py", lambda x: T0(x, model_dir=P(x.t, "nobase")), "no checkpoint at"),
+    Case("t0-out-dir-is-a-file", "finetune_t0.py", lambda x: T0(x, out_dir=P(x.t, "blocker")), "not a folder",
+         setup=a_file),
+    Case("t0-mixture-source-missing", "finetune_t0.py", lambda x: T0(x, mixture=P(x.t, "m.json")),
+         "source 'a'", "missing.jsonl not found",
+         setup=lambda x: write(P(x.t, "m.json"), json.dumps({"train": [{"name": "a", "path": "missing.jsonl"}]}))),
+    Case("t0-demo-into-file", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'blocker')}"], "not a folder",
+         setup=a_file),
+    Case("t0-demo-over-folder", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'demo')}"],
+         "already exists and is not empty", "--overwrite=True", setup=lambda x: write(P(x.t, "demo", "mine.txt"), "x")),
+    # ------------------------------------------------------------------ tinystories.py
+    Case("data-unknown-stage", "tinystories.py", lambda x: ["tokenize"], "invalid choice: 'tokenize'"),
+    Case("data-stray-flag", "tinystories.py", lambda x: ["download", f"--data_cache_dir={x.t}", "--vocab_size=512"],
+         "--vocab_size does not apply to download"),
+    Case("data-download-unreachable", "tinystories.py",
+         lambda x: ["download", f"--data_cache_dir={P(x.t, 'dl')}", f"--data_url=file://{P(x.t, 'nothing.tar.gz')}"],
+         "download of", nothing_new=False),
+    Case("data-download-cache-is-a-file", "tinystories.py", lambda x: ["download", f"--data_cache_dir={P(x.t, 'blocker')}"],
+         "blocker", code=1, setup=a_file),
+    Case("data-download-empty-raw-folder", "tinystories.py", lambda x: ["download", f"--data_cache_dir={P(x.t, 'dl')}"],
+         "exists but holds no .json shards",
+         setup=lambda x: (write(P(x.t, "dl", "TinyStories_all_data", "notes.txt"), "mine"),
+                          write(P(x.t, "dl", "TinyStories_all_data.tar.gz"), b"not fetched again"))),
+    Case("data-synth-zero-shards", "tinystories.py", lambda x: ["synthesize", f"--data_cache_dir={x.t}", "--num_shards=0"],
+         "--num_shards and --stories_per_shard must be >= 1"),
+    Case("data-synth-over-download", "tinystories.py", lambda x: ["synthesize", f"--data_cache_dir={P(x.t, 'cache')}"],
+         "was not made by synthesize", setup=lambda x: write(P(x.t, "cache", "TinyStories_all_data", "data00.json"), "[]")),
+    Case("data-vocab-too-big", "tinystories.py", lambda x: ["train_vocab", f"--data_cache_dir={x.t}", "--vocab_size=70000"],
+         "does not fit the uint16"),
+    Case("data-synth-seed", "tinystories.py", lambda x: ["synthesize", f"--data_cache_dir={x.t}", "--seed=-1"],
+         "--seed must be >= 0"),
+    Case("data-vocab-size-type", "tinystories.py", lambda x: PRE(x)[:1] + ["--vocab_size=abc"],
+         "argument --vocab_size: invalid int value: 'abc'"),
+    Case("data-vocab-shards-zero", "tinystories.py", lambda x: ["train_vocab", f"--data_cache_dir={x.c.cache_dir}",
+                                                                "--vocab_size=512", "--vocab_shards=0"], "--vocab_shards must be >= 1"),
+    Case("data-vocab-no-shards", "tinystories.py", lambda x: ["train_vocab", f"--data_cache_dir={x.t}", "--vocab_size=512"],
+         "no raw shards"),
+    Case("data-pretok-workers-zero", "tinystories.py", lambda x: PRE(x, cache=x.c.cache_dir)[:-1] + ["--workers=0"],
+         "--workers must be >= 1"),
+    Case("data-pretok-bad-name", "tinystories.py", lambda x: PRE(x, "--dataset_name=../escape", cache=x.c.cache_dir),
+         "must be a plain folder name"),
+    Case("data-pretok-bad-filter", "tinystories.py", lambda x: PRE(x, "--filtering=colour=red", cache=x.c.cache_dir),
+         "filtering"),
+    Case("data-pretok-wrong-tokenizer", "tinystories.py", lambda x: PRE(x, cache=x.c.cache_dir)[:1] + [
+        "--vocab_size=512", f"--data_cache_dir={x.c.cache_dir}"], "tok512.model not found"),
+    Case("data-pretok-features-string", "tinystories.py", lambda x: PRE(x, "--dataset_name=d"),
+         "data01.json: record 5", "'instruction.features' should be a list of strings",
+         setup=lambda x: edit_shard(x, features_string)),
+    Case("data-pretok-shard-not-list", "tinystories.py", lambda x: PRE(x, "--dataset_name=d"), "data01.json",
+         "expected a list of stories, got dict", setup=lambda x: edit_shard(x, lambda r: json.dumps({"stories": r}))),
+    Case("data-pretok-shard-corrupt", "tinystories.py", lambda x: PRE(x, "--dataset_name=d"), "corrupt JSON shard",
+         "data01.json", setup=lambda x: edit_shard(x, lambda r: json.dumps(r)[:-100])),
+    Case("data-pretok-shard-not-utf8", "tinystories.py", lambda x: PRE(x, "--dataset_name=d"), "data01.json",
+         setup=lambda x: edit_shard(x, lambda r: b"[\xff\xfe]")),
+    Case("data-pretok-record-not-object", "tinystories.py", lambda x: PRE(x, "--dataset_name=d"), "record 0",
+         setup=lambda x: edit_shard(x, lambda r: json.dumps(["a story"] + r))),
+    # ------------------------------------------------------------------ grow.py
+    Case("grow-sb-alpha-nan", "grow.py", lambda x: GROW(x, "--doubling=weights", "--symmetry_breaking=split",
+                                                        "--sb_alpha=nan"), "--sb_alpha"),
+    Case("grow-sb-alpha-range", "grow.py", lambda x: GROW(x, "--doubling=weights", "--sb_alpha=1.5"),
+         "--sb_alpha=1.5: must be in [0, 1]"),
+    Case("grow-sb-scale-inf", "grow.py", lambda x: GROW(x, "--doubling=weights", "--sb_scale=inf"), "--sb_scale"),
+    Case("grow-unknown-doubling", "grow.py", lambda x: GROW(x, "--doubling=heads"), "--doubling='heads': must be one of"),
+    Case("grow-no-doubling", "grow.py", lambda x: GROW(x), "arguments are required: --doubling"),
+    Case("grow-typo", "grow.py", lambda x: GROW(x, "--doubling=weights", "--sb_alpah=0.5"), "--sb_alpah",
+         "did you mean --sb_alpha?"),
+    Case("grow-missing-resume", "grow.py", lambda x: [f"--resume={P(x.t, 'none.pt')}", f"--out_dir={P(x.t, 'g')}",
+                                                      "--doubling=weights"], "checkpoint not found"),
+    Case("grow-not-a-ckpt", "grow.py", lambda x: [f"--resume={x.w.latin1}", f"--out_dir={P(x.t, 'g')}",
+                                                  "--doubling=weights"], "is not a readable checkpoint"),
+    Case("grow-out-dir-is-a-file", "grow.py", lambda x: GROW(x, "--doubling=weights", out=P(x.t, "blocker")),
+         "not a folder", setup=a_file),
+    Case("grow-out-dir-empty", "grow.py", lambda x: GROW(x, "--doubling=weights", out=""), "must not be empty"),
+    Case("grow-over-existing", "grow.py", lambda x: GROW(x, "--doubling=weights", out=P(x.t, "out")), "already exists",
+         "--force", setup=run_folder),
+    # ------------------------------------------------------------------ sample.py
+    Case("sample-num-samples", "sample.py", lambda x: EV(x, "--num_samples=0"), "--num_samples=0: must be in [1, inf)"),
+    Case("sample-temperature", "sample.py", lambda x: EV(x, "--temperature=-1"), "--temperature=-1.0: must be in [0, inf)"),
+    Case("sample-max-new-tokens", "sample.py", lambda x: EV(x, "--max_new_tokens=-1"), "--max_new_tokens=-1"),
+    Case("sample-top-k", "sample.py", lambda x: EV(x, "--top_k=-5"), "--top_k=-5: must be in [0, inf)"),
+    Case("sample-start-missing-file", "sample.py", lambda x: EV(x, f"--start=FILE:{P(x.t, 'prompt.txt')}"),
+         "prompt.txt: no such file"),
+    Case("sample-start-not-utf8", "sample.py", lambda x: EV(x, f"--start=FILE:{x.w.latin1}"), "is not UTF-8 text"),
+    Case("sample-device-cuda", "sample.py", lambda x: EV(x)[:1] + ["--device=cuda:1"], "CUDA is not available"),
+    Case("sample-device-tpu", "sample.py", lambda x: EV(x, "--device=tpu"), "--device='tpu'"),
+    Case("sample-missing-ckpt", "sample.py", lambda x: EV(x, ckpt=P(x.t, "none")), "checkpoint not found"),
+    Case("sample-not-a-ckpt", "sample.py", lambda x: EV(x, ckpt=x.w.latin1), "is not a readable checkpoint"),
+    Case("sample-other-tokenizer", "sample.py", lambda x: EV(x, f"--tokenizer_model={LLAMA2_TOKENIZER}"),
+         "tokenizer has 32000 pieces but the model's vocabulary is 8192"),
+    Case("sample-start-is-a-folder", "sample.py", lambda x: EV(x, f"--start=FILE:{x.t}"), "is a directory", code=1),
+    Case("sample-typo", "sample.py", lambda x: EV(x, "--num_sample=2"), "--num_sample", "did you mean --num_samples?"),
+    # ------------------------------------------------------------------ export.py
+    Case("export-version-3", "export.py", lambda x: [P(x.t, "m.bin"), "--version=3", f"--checkpoint={x.w.ckpt}"],
+         "--version=3: must be one of -1, 0, 1, 2"),
+    Case("export-version-with-import", "export.py", lambda x: [P(x.t, "imp"), "--version=1", f"--import_bin={x.w.bin}"],
+         "--version=1 applies only to a --checkpoint export"),
+    Case("export-group-size-v1", "export.py", lambda x: [P(x.t, "m.bin"), "--version=1", "--group_size=32",
+                                                         f"--checkpoint={x.w.ckpt}"], "--group_size=32 applies only to --version=2"),
+    Case("export-group-size-zero", "export.py", lambda x: [P(x.t, "m.bin"), "--version=2", "--group_size=0",
+                                                           f"--checkpoint={x.w.ckpt}"], "--group_size=0: must be in [1, inf)"),
+    Case("export-both-imports", "export.py", lambda x: [P(x.t, "imp"), f"--import_bin={x.w.bin}", f"--import_hf={x.t}"],
+         "give one of"),
+    Case("export-nothing-to-do", "export.py", lambda x: [P(x.t, "m.bin")], "nothing to do"),
+    Case("export-no-output", "export.py", lambda x: [f"--checkpoint={x.w.ckpt}"], "missing the output path"),
+    Case("export-existing-output", "export.py", lambda x: [P(x.t, "blocker"), f"--checkpoint={x.w.ckpt}"],
+         "already exists", "--force", setup=a_file),
+    Case("export-hf-onto-file", "export.py", lambda x: [P(x.t, "blocker"), "--version=-1", f"--checkpoint={x.w.ckpt}",
+                                                        "--force"], "not a folder", setup=a_file),
+    Case("export-import-over-training-ckpt", "export.py",
+         lambda x: [P(x.t, "out", "ckpt.pt"), f"--import_bin={x.w.bin}", "--force"], "is a training checkpoint",
+         setup=run_folder),
+    Case("export-import-not-bin", "export.py", lambda x: [P(x.t, "imp"), f"--import_bin={x.w.latin1}"],
+         "latin1.txt is not a llama2.c model file"),
+    Case("export-ckpt-not-readable", "export.py", lambda x: [P(x.t, "m.bin"), f"--checkpoint={x.w.latin1}"],
+         "is not a readable checkpoint"),
+    Case("export-import-hf-not-hf", "export.py", lambda x: [P(x.t, "imp"), f"--import_hf={x.w.root}"],
+         "has no config.json"),
+    Case("export-version-with-tokenizer", "export.py", lambda x: [P(x.t, "t.bin"), "--version=1", f"--tokenizer={TOK8192}"],
+         "--version=1 applies only to a --checkpoint export"),
+    Case("export-tokenizer-output-exists", "export.py", lambda x: [P(x.t, "blocker"), f"--tokenizer={TOK8192}"],
+         "tokenizer output", "already exists", setup=a_file),
+    Case("export-bin-beside-a-tokenizer-bin", "export.py",  # the model .bin is not written either
+         lambda x: [P(x.t, "m.bin"), f"--checkpoint={x.w.ckpt}", f"--tokenizer={TOK8192}"], "tokenizer.bin already exists",
+         setup=lambda x: a_file(x, "tokenizer.bin")),
+    Case("export-tokenizer-not-model", "export.py", lambda x: [P(x.t, "t.bin"), f"--tokenizer={x.w.latin1}"],
+         "not a sentencepiece model"),
+    # ------------------------------------------------------------------ sweep.py
+    Case("sweep-unknown-parameter", "sweep.py", lambda x: SW(x, "--dry_run"), "parameter 'learnig_rate'",
+         "unknown config key", setup=sweep_yaml("program: train.py\nmethod: grid\nparameters:\n"
+                                               "  learnig_rate:\n    values: [0.1, 0.2]\n")),
+    Case("sweep-bad-value", "sweep.py", lambda x: SW(x, "--dry_run"), "parameter 'dropout'", "must be in [0, 1)",
+         setup=sweep_yaml("program: train.py\nmethod: grid\nparameters:\n  dropout:\n    values: [0.1, 1.5]\n")),
+    Case("sweep-bayes", "sweep.py", lambda x: SW(x), "bayes",
+         setup=sweep_yaml("program: train.py\nmethod: bayes\nparameters:\n  dropout:\n    values: [0.1]\n")),
+    Case("sweep-not-yaml", "sweep.py", lambda x: SW(x), "is not valid YAML", setup=sweep_yaml("program: [\n")),
+    Case("sweep-not-utf8", "sweep.py", lambda x: SW(x), "s.yaml",
+         setup=lambda x: write(P(x.t, "s.yaml"), b"program: train.py\nmethod: grid # \xff\xfe\n")),
+    Case("sweep-missing-file", "sweep.py", lambda x: SW(x), "sweep file not found"),
+    Case("sweep-parallel-zero", "sweep.py", lambda x: SW(x, "--parallel=0"), "--parallel must be at least 1"),
+    Case("sweep-program-missing", "sweep.py", lambda x: SW(x, "--dry_run"), "program nope.py not found",
+         setup=sweep_yaml("program: nope.py\nmethod: grid\nparameters:\n  a:\n    values: [1]\n")),
+    Case("sweep-random-without-count", "sweep.py", lambda x: SW(x, "--dry_run"), "method random needs --count",
+         setup=sweep_yaml("program: train.py\nmethod: random\nparameters:\n  dropout:\n    min: 0.0\n    max: 0.5\n")),
+    Case("sweep-not-a-mapping", "sweep.py", lambda x: SW(x), "is not a sweep configuration", setup=sweep_yaml("- a\n- b\n")),
+    Case("sweep-count-zero", "sweep.py", lambda x: SW(x, "--count=0"), "--count must be at least 1"),
+    # ------------------------------------------------------------------ plot.py
+    Case("plot-unknown-metric", "plot.py", lambda x: [P(x.t, "run"), "--metrics=loss/test", f"--out={P(x.t, 'c.png')}"],
+         "no input has the metric 'loss/test'", "available: loss/train", setup=metrics_file),
+    Case("plot-no-input", "plot.py", lambda x: [P(x.t, "none"), f"--out={P(x.t, 'c.png')}"], "no metrics log at"),
+    Case("plot-no-numbers", "plot.py", lambda x: [P(x.t, "run"), f"--out={P(x.t, 'c.png')}"],
+         "the inputs hold no numeric metrics", setup=lambda x: metrics_file(x, [b'{"iter": 0, "kind": "table"}'])),
+    Case("plot-labels", "plot.py", lambda x: [P(x.t, "run"), "--labels=a,b", f"--out={P(x.t, 'c.png')}"],
+         "--labels has 2 names for 1 runs", setup=metrics_file),
+    Case("plot-out-is-a-folder", "plot.py", lambda x: [P(x.t, "run"), f"--out={P(x.t, 'run')}"], "run", code=1,
+         setup=metrics_file),
+    # ------------------------------------------------------------------ evaluation/eval_wikitext.py
+    Case("wikitext-missing-data", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={P(x.t, 'w.txt')}"),
+         "data file not found"),
+    Case("wikitext-stride", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={WIKITEXT}", "--stride=64",
+                                                                         "--window=16"), "--stride=64 exceeds the window"),
+    Case("wikitext-window", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={WIKITEXT}", "--window=4096"),
+         "--window=4096 exceeds the model's max_seq_len=32"),
+    Case("wikitext-batch-size", "evaluation/eval_wikitext.py", lambda x: EV(x, "--batch_size=0"),
+         "--batch_size=0: must be in [1, inf)"),
+    Case("wikitext-device-cuda", "evaluation/eval_wikitext.py", lambda x: EV(x)[:1] + ["--device=cuda"],
+         "CUDA is not available"),
+    Case("wikitext-dtype", "evaluation/eval_wikitext.py", lambda x: EV(x, "--dtype=int8"), "--dtype='int8'"),
+    Case("wikitext-empty-data", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={P(x.t, 'w.txt')}"),
+         "holds too little text", setup=lambda x: write(P(x.t, "w.txt"), "")),
+    Case("wikitext-hub-offline", "evaluation/eval_wikitext.py", lambda x: EV(x), "offline", "--data=PATH"),
+    Case("wikitext-out-is-a-folder", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={WIKITEXT}", f"--out={x.t}"),
+         "--out", "is a folder"),
+    Case("wikitext-out-under-a-file", "evaluation/eval_wikitext.py",
+         lambda x: EV(x, f"--data={WIKITEXT}", f"--out={P(x.t, 'blocker', 'm.json')}"), "not a folder", setup=a_file),
+    Case("wikitext-not-utf8", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={x.w.latin1}"), "latin1.txt"),
+    Case("wikitext-jsonl-no-text", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={P(x.t, 'w.jsonl')}"),
+         "w.jsonl:1 has no string field 'text'", setup=lambda x: write(P(x.t, "w.jsonl"), '{"txt": "a"}\n')),
+    # ------------------------------------------------------------------ evaluation/eval_lambada.py
+    Case("lambada-word-longer-than-window", "evaluation/eval_lambada.py", lambda x: EV(x, f"--data={x.w.long_word}"),
+         "holds no passage with a context and a last word that fits"),
+    Case("lambada-missing-data", "evaluation/eval_lambada.py", lambda x: EV(x, f"--data={P(x.t, 'l.jsonl')}"),
+         "data file not found"),
+    Case("lambada-empty-data", "evaluation/eval_lambada.py", lambda x: EV(x, f"--data={P(x.t, 'l.txt')}"),
+         "holds no passage", setup=lambda x: write(P(x.t, "l.txt"), "\n")),
+    Case("lambada-max-passages", "evaluation/eval_lambada.py", lambda x: EV(x, "--max_passages=-1"),
+         "--max_passages=-1: must be in [0, inf)"),
+    # ------------------------------------------------------------------ evaluation/eval_features.py
+    Case("features-unknown-feature", "evaluation/eval_features.py", lambda x: EV(x, "--feature=Plot", "--prompts_from=x"),
+         "--feature='Plot': must be one of"),
+    Case("features-no-prompts", "evaluation/eval_features.py", lambda x: EV(x), "arguments are required: --prompts_from"),
+    Case("features-num-samples", "evaluation/eval_features.py", lambda x: EV(x, "--prompts_from=x", "--num_samples=0"),
+         "--num_samples=0"),
+    Case("features-missing-dataset", "evaluation/eval_features.py", lambda x: EV(x, "--prompts_from=nope"), "not found"),
+    Case("features-judge-timeout", "evaluation/eval_features.py", lambda x: EV(x, "--prompts_from=x", "--judge_timeout=0"),
+         "--judge_timeout=0.0: must be in (0, inf)"),
+    Case("features-llm-unreachable", "evaluation/eval_features.py",
+         lambda x: EV(x, "--prompts_from=pretrain-all", "--judge=llm", "--judge_url=http://127.0.0.1:9/v1", "--judge_timeout=5"),
+         "could not be reached"),
+    Case("features-generations-out-folder", "evaluation/eval_features.py",
+         lambda x: EV(x, "--prompts_from=pretrain-all", f"--generations_out={x.t}"), "--generations_out", "is a folder"),
+    Case("features-llm-bad-url", "evaluation/eval_features.py",
+         lambda x: EV(x, "--prompts_from=x", "--judge=llm", "--judge_url=not a url"), "judge_url"),
+    # ------------------------------------------------------------------ evaluation/probe.py
+    Case("probe-no-dataset", "evaluation/probe.py", lambda x: EV(x), "arguments are required: --dataset"),
+    Case("probe-pool", "evaluation/probe.py", lambda x: EV(x, "--dataset=pretrain-all", "--pool=0"), "--pool=0"),
+    Case("probe-lr", "evaluation/probe.py", lambda x: EV(x, "--dataset=pretrain-all", "--lr=0"), "--lr=0.0: must be in (0, inf)"),
+    Case("probe-num-train", "evaluation/probe.py", lambda x: EV(x, "--dataset=pretrain-all", "--num_train=0"),
+         "--num_train=0: must be in [1, inf)"),
+    Case("probe-missing-dataset", "evaluation/probe.py", lambda x: EV(x, "--dataset=nope"), "not found"),
+    # ------------------------------------------------------------------ evaluation/eval_rank.py
+    Case("rank-data-no-equals", "evaluation/eval_rank.py", lambda x: EV(x, "--data=rte.jsonl"), "--data expects NAME=PATH"),
+    Case("rank-nothing", "evaluation/eval_rank.py", lambda x: EV(x), "nothing to evaluate"),
+    Case("rank-mixture-not-object", "evaluation/eval_rank.py", lambda x: EV(x, f"--mixture={P(x.t, 'm.json')}"),
+         "top-level object", setup=lambda x: write(P(x.t, "m.json"), '"train"')),
+    Case("rank-missing-data", "evaluation/eval_rank.py", lambda x: EV(x, f"--data=rte={P(x.t, 'rte.jsonl')}"), "rte.jsonl"),
+    Case("rank-data-not-json", "evaluation/eval_rank.py", lambda x: EV(x, f"--data=r={P(x.t, 'r.jsonl')}"),
+         "cannot read", setup=lambda x: write(P(x.t, "r.jsonl"), "not json\n")),
+    Case("rank-max-examples", "evaluation/eval_rank.py", lambda x: EV(x, "--max_examples=-2"), "--max_examples=-2"),
+]
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="--device=cuda is bad input only where there is no CUDA")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[NO_CUDA] if "cuda" in c.id else []) for c in CASES])
+def test_bad_input(case, world, tmp_path):
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    if case.setup:
+        case.setup(ctx)
+    roots = (tmp_path, world.root, world.corpus.cache_dir)
+    before = snapshot(*roots)
+    proc = run_main(case.script, case.argv(ctx), cwd=str(tmp_path))
+    assert_error(proc, case.code, *case.fragments)
+    assert_nothing_lost(before, snapshot(*roots), nothing_new=case.nothing_new)
+
+
+# ---------------------------------------------------------------------- read-only folders
+
+# what writing into a read-only folder reports: a read-only mount as root, mode 0o555 otherwise
+RO_CAUSE = "read-only file system" if IS_ROOT else "permission denied"
+
+READ_ONLY_CASES = [
+    # (id, script, argv(ctx, ro), exit code, fragments); the tools check their outputs before any
+    # work (exit 2), the data stages meet the file system's refusal (exit 1)
+    ("train", "train.py", lambda x, ro: T(x, out_dir=P(ro, "run")), 2, ("out_dir", "is not writable")),
+    ("train-nested", "train.py", lambda x, ro: T(x, out_dir=P(ro, "a", "b", "run")), 2, ("is not writable",)),
+    ("t0-demo-data", "finetune_t0.py", lambda x, ro: [f"--make_demo_data={P(ro, 'demo')}"], 2, ("is not writable",)),
+    ("grow", "grow.py", lambda x, ro: GROW(x, "--doubling=layers", out=P(ro, "grown")), 2, ("is not writable",)),
+    ("export-bin", "export.py", lambda x, ro: [P(ro, "m.bin"), f"--checkpoint={x.w.ckpt}"], 2, ("m.bin:", "is not writable")),
+    ("export-hf", "export.py", lambda x, ro: [P(ro, "hf"), "--version=-1", f"--checkpoint={x.w.ckpt}"], 2,
+     ("is not writable",)),
+    ("import-bin", "export.py", lambda x, ro: [P(ro, "imp"), f"--import_bin={x.w.bin}"], 2, ("is not writable",)),
+    ("plot", "plot.py", lambda x, ro: [P(x.t, "run"), f"--out={P(ro, 'c.png')}"], 1, (f"c.png: {RO_CAUSE}",)),
+    ("synthesize", "tinystories.py", lambda x, ro: ["synthesize", f"--data_cache_dir={P(ro, 'cache')}", "--num_shards=2",
+                                                    "--stories_per_shard=5"], 1, (f"TinyStories_all_data: {RO_CAUSE}",)),
+    ("train-vocab", "tinystories.py", lambda x, ro: ["train_vocab", f"--data_cache_dir={P(ro, 'cache')}",
+                                                     "--vocab_size=300"], 1, (f"tok300.model: {RO_CAUSE}",)),
+    ("pretokenize", "tinystories.py", lambda x, ro: PRE(x, cache=P(ro, "cache")), 1, (f"IS_none: {RO_CAUSE}",)),
+    ("wikitext-out", "evaluation/eval_wikitext.py", lambda x, ro: EV(x, f"--data={WIKITEXT}", "--max_rows=5",
+                                                                       f"--out={P(ro, 'm.json')}"), 2,
+     ("--out", "m.json", "is not writable")),  # before any work
+]
+
+
+@pytest.mark.parametrize("case", READ_ONLY_CASES, ids=[c[0] for c in READ_ONLY_CASES])
+def test_read_only_folder(case, world, tmp_path):
+    _, script, argv, code, fragments = case
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    metrics_file(ctx)
+
+    def fill(path):  # a file of the user's, and for the data stages a cache with two raw shards and the tokenizer
+        write(os.path.join(path, "keep.txt"), "keep me\n")
+        if script == "tinystories.py":
+            raw = os.path.join(path, "cache", "TinyStories_all_data")
+            os.makedirs(raw)
+            if case[0] != "synthesize":
+                shutil.copy(os.path.join(world.corpus.raw_dir, "data00.json"), raw)
+                shutil.copy(os.path.join(world.corpus.raw_dir, "data01.json"), raw)
+                shutil.copy(TOK8192, os.path.join(path, "cache"))
+            else:
+                os.rmdir(raw)
+
+    with read_only_dir(str(tmp_path / "ro"), fill=fill, size="4m") as ro:
+        roots = (tmp_path, world.root, world.corpus.cache_dir)
+        before = snapshot(*roots)
+        proc = run_main(script, argv(ctx, ro), cwd=str(tmp_path))
+        assert_error(proc, code, *fragments)
+        assert_nothing_lost(before, snapshot(*roots), nothing_new=True)
+
+
+# ---------------------------------------------------------------------- full disks
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_full_disk_pretokenize(world, tmp_path, workers):
+    """The dataset does not fit: one line naming the dataset's file (not the hidden temp folder,
+    which is gone), exit 1, the other dataset on that disk and the raw shards untouched."""
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    cache = copy_raw(ctx)
+    disk = P(cache, "tok8192")
+    with mounted_tmpfs(disk, "64k", fill=lambda p: write(P(p, "older", "manifest.json"), "{}\n")):
+        before = snapshot(tmp_path)
+        proc = run_main("tinystories.py", PRE(ctx, "--dataset_name=d")[:-2] + [f"--workers={workers}", "--dataset_name=d"])
+        assert_error(proc, 1, f"{P(disk, 'd', 'data')}", ".bin: no space left on device")
+        assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+def test_full_disk_checkpoint_of_a_new_run(world, tmp_path):
+    """A scratch run whose first checkpoint does not fit: one line naming ckpt.pt, exit 1, no temp
+    file; the run's config.json and metrics.jsonl stay (it did train)."""
+    with mounted_tmpfs(tmp_path / "disk", "512k", fill=lambda p: write(P(p, "keep.txt"), "keep me\n")) as disk:
+        out = P(disk, "run")
+        before = snapshot(disk)
+        proc = run_main("train.py", train_argv(world.corpus, out))
+        assert_error(proc, 1, f"{P(out, 'ckpt.pt')}: no space left on device")
+        after = snapshot(disk)
+        assert_nothing_lost(before, after)
+        assert not os.path.exists(P(out, "ckpt.pt")) and os.path.exists(P(out, "metrics.jsonl"))
+
+
+def test_full_disk_checkpoint_of_a_resumed_run(world, tmp_path):
+    """The resumed run's checkpoint does not fit beside the old one: the old ckpt.pt is byte-identical
+    (the run can be resumed again from it), no temp file is left."""
+    def fill(p):
+        shutil.copytree(world.run, P(p, "run"))
+    size = os.path.getsize(world.ckpt) + 600 * 1024  # room for the old checkpoint, not for a second one
+    with mounted_tmpfs(tmp_path / "disk", str(size), fill=fill) as disk:
+        out = P(disk, "run")
+        before = snapshot(disk)
+        proc = run_main("train.py", train_argv(world.corpus, out, init_from="resume_train", max_iters=4))
+        assert_error(proc, 1, f"{P(out, 'ckpt.pt')}: no space left on device")
+        # the resumed iterations were logged, and config.json describes the resumed run
+        assert_nothing_lost(before, snapshot(disk), may_change={P(out, "metrics.jsonl"), P(out, "config.json")})
+        assert torch.load(P(out, "ckpt.pt"), weights_only=True)["iter_num"] == 2
+
+
+def test_full_disk_metrics_rewrite_on_resume(world, tmp_path):
+    """A resume rewrites metrics.jsonl without the records it redoes (atomically): on a full disk
+    that is one line naming metrics.jsonl, exit 1, and every file of the run as it was, config.json
+    included (it is written only after the log)."""
+    def fill(p):
+        shutil.copytree(world.run, P(p, "run"))
+        rows = [json.dumps({"iter": i % 5, "kind": "train", "loss/train": 1.0, "pad": "x" * 80}) for i in range(3000)]
+        write(P(p, "run", "metrics.jsonl"), "\n".join(rows) + "\n")
+        fill_up(p, 8 * 1024)
+    with mounted_tmpfs(tmp_path / "disk", "2m", fill=fill) as disk:
+        out = P(disk, "run")
+        before = snapshot(disk)
+        proc = run_main("train.py", train_argv(world.corpus, out, init_from="resume_train", max_iters=4))
+        assert_error(proc, 1, f"{P(out, 'metrics.jsonl')}: no space left on device")
+        assert_nothing_lost(before, snapshot(disk), nothing_new=True)
+
+
+FULL_DISK_TOOLS = [
+    ("grow", "grow.py", lambda x, d: GROW(x, "--doubling=weights", out=P(d, "grown")), P("grown", "ckpt.pt")),
+    ("export-bin", "export.py", lambda x, d: [P(d, "m.bin"), "--version=1", f"--checkpoint={x.w.ckpt}"], "m.bin"),
+    ("export-q80", "export.py", lambda x, d: [P(d, "m.bin"), "--version=2", f"--checkpoint={x.w.ckpt}"], "m.bin"),
+    ("export-hf", "export.py", lambda x, d: [P(d, "hf"), "--version=-1", f"--checkpoint={x.w.ckpt}"], "hf"),
+    ("import-bin", "export.py", lambda x, d: [P(d, "imp"), f"--import_bin={x.w.bin}"], P("imp", "ckpt.pt")),
+]
+
+
+@pytest.mark.parametrize("case", FULL_DISK_TOOLS, ids=[c[0] for c in FULL_DISK_TOOLS])
+def test_full_disk_tools(case, world, tmp_path):
+    """A tool's output does not fit: one line naming it, exit 1, nothing left on the disk but
+    what was there."""
+    _, script, argv, shown = case
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    with mounted_tmpfs(tmp_path / "disk", "128k", fill=lambda p: write(P(p, "keep.txt"), "keep me\n")) as disk:
+        before = snapshot(disk, world.root)
+        proc = run_main(script, argv(ctx, disk))
+        assert_error(proc, 1, P(disk, shown), "no space left on device")
+        assert_nothing_lost(before, snapshot(disk, world.root), nothing_new=True)
+
+
+# ---------------------------------------------------------------------- data safety
+
+def test_overwrite_moves_the_old_run_aside_intact(world, tmp_path):
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    run_folder(ctx)
+    out = P(ctx.t, "out")
+    old = {os.path.relpath(p, out): h for p, h in snapshot(out).items()}
+    proc = run_main("train.py", T(ctx, overwrite=True))
+    assert proc.returncode == 0, proc.stderr
+    aside = [d for d in os.listdir(ctx.t) if d.startswith("out.previous-")]
+    assert len(aside) == 1 and f"moved the previous run in {out} to" in proc.stdout
+    moved = {os.path.relpath(p, P(ctx.t, aside[0])): h for p, h in snapshot(P(ctx.t, aside[0])).items()}
+    assert moved == old  # every file of the old run, byte for byte
+    assert torch.load(P(out, "ckpt.pt"), weights_only=True)["iter_num"] == 2 and os.path.isfile(P(out, "config.json"))
+
+
+def test_failed_resume_leaves_the_run_as_it_was(world, tmp_path):
+    """A resume refused after the checkpoint is read (its optimizer is not the configured one):
+    config.json, metrics.jsonl and ckpt.pt are untouched (config.json is written only once the run
+    really starts)."""
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    run_folder(ctx)
+    before = snapshot(tmp_path)
+    proc = run_main("train.py", T(ctx, init_from="resume_train", optimizer="adafactor", max_iters=4))
+    assert_error(proc, 2, "trained with optimizer=adamw", "resume_model")
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+def test_failed_finetune_resume_leaves_the_run_as_it_was(world, tmp_path):
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    ft = P(ctx.t, "ft")
+    assert run_main("finetune_t0.py", T0(ctx)).returncode == 0
+    before = snapshot(tmp_path)
+    proc = run_main("finetune_t0.py", T0(ctx, init_from="resume_train", optimizer="adafactor", max_iters=4))
+    assert_error(proc, 2, "trained with optimizer=adamw")
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+    assert os.path.isfile(P(ft, "data_report.json"))
+
+
+def test_import_never_replaces_a_training_checkpoint_cli(world, tmp_path):
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    run_folder(ctx)
+    before = snapshot(tmp_path)
+    for target in (P(ctx.t, "out"), P(ctx.t, "out", "ckpt.pt")):
+        proc = run_cli(["export.py", target, f"--import_bin={world.bin}", "--force"])
+        assert_error(proc, 2, "is a training checkpoint", "write to another path")
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+# ---------------------------------------------------------------------- two processes, one out_dir
+
+def test_second_process_on_a_locked_out_dir_exits_at_once(world, tmp_path):
+    """The lock is held (here by this test process): a second train.py exits at once with one line
+    naming the holder's pid; grow.py into the same folder too; nothing of the run changes."""
+    from tinylab.rundir import RunDir
+
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    run_folder(ctx)
+    out = P(ctx.t, "out")
+    holder = RunDir(out).open()
+    try:
+        before = snapshot(tmp_path)
+        t0 = time.time()
+        proc = run_cli(["train.py"] + T(ctx, init_from="resume_train", max_iters=4), timeout=60)
+        assert time.time() - t0 < 30
+        assert_error(proc, 2, f"out_dir {out} is in use by another run (pid {os.getpid()})")
+        proc = run_main("grow.py", GROW(ctx, "--doubling=weights", "--force", out=out))
+        assert_error(proc, 2, f"(pid {os.getpid()})")
+        assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+    finally:
+        holder.close()
+
+
+# ---------------------------------------------------------------------- Ctrl-C
+
+def wait_for(predicate, proc, timeout=60):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_ctrl_c_during_setup(world, tmp_path):
+    """SIGINT while train.py is still setting up: out_dir created and locked, the base checkpoint
+    being read (a FIFO nobody writes: a checkpoint on a slow file system). One line, exit 130, and
+    the out_dir this run created is gone again."""
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    slow = P(ctx.t, "slow")
+    os.makedirs(slow)
+    os.mkfifo(P(slow, "ckpt.pt"))
+    out = P(ctx.t, "out")
+    before = snapshot(tmp_path)
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([PYTHON, "train.py"] + T(ctx, init_from="resume_model", model_dir=slow), cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.exists(P(out, ".lock")), proc)
+        time.sleep(0.2)  # well inside the read of the checkpoint
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_error(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), 130, "error: interrupted")
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+def test_ctrl_c_before_main_starts():
+    """Ctrl-C while a command's modules still load (before cli_main; importing torch alone takes
+    seconds): the same one line and exit 130, not an import traceback (tinylab/errors.py)."""
+    proc = run_cli(["-c", "import tinylab\nraise KeyboardInterrupt"], timeout=60)
+    assert_error(proc, 130, "error: interrupted")
+
+
+def test_ctrl_c_during_pretokenize_with_workers(world, tmp_path):
+    """SIGINT to the process group of a pretokenize --workers=2 that takes a couple of seconds:
+    one line, exit 130, no temp folder or file left, the raw shards untouched, no dataset."""
+    from tinylab import tinystories_data
+
+    cache = str(tmp_path / "cache")
+    tinystories_data.synthesize(cache, num_shards=5, stories_per_shard=6000, seed=0, workers=1)
+    shutil.copy(TOK8192, cache)
+    before = snapshot(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([PYTHON, "tinystories.py", "pretokenize", f"--vocab_size={VOCAB}", f"--data_cache_dir={cache}",
+                             "--workers=2", "--dataset_name=d"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out = P(cache, "tok8192")
+    try:
+        wait_for(lambda: os.path.isdir(out) and any(n.startswith(".tmp-d-") for n in os.listdir(out)), proc)
+        time.sleep(0.5)  # the workers are encoding shards
+        assert proc.poll() is None, "pretokenize finished before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_error(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), 130, "error: interrupted")
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+# ---------------------------------------------------------------------- input data at the edge
+
+def test_metrics_with_a_non_utf8_line(world, tmp_path):
+    """plot.py and a train.py resume skip a metrics.jsonl line that is not UTF-8 with one notice
+    line, and go on."""
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    run_folder(ctx)
+    metrics = P(ctx.t, "out", "metrics.jsonl")
+    lines = open(metrics, "rb").read().splitlines()
+    write(metrics, b"\n".join(lines[:1] + [b'{"iter": 0, "loss/train": "\xff\xfe"}'] + lines[1:]) + b"\n")
+    before = snapshot(tmp_path)
+    proc = run_main("plot.py", [P(ctx.t, "out"), "--metrics=loss/train", f"--out={P(ctx.t, 'c.png')}"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == f"notice: skipped 1 unreadable line(s) of {metrics}"
+    assert_nothing_lost(before, snapshot(tmp_path))
+    proc = run_main("train.py", T(ctx, init_from="resume_train", max_iters=3))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == f"notice: skipped 1 unreadable line(s) of {metrics}"
+    rows = [json.loads(line) for line in open(metrics, "rb")]  # every line readable again
+    assert sorted(r["iter"] for r in rows if r["kind"] == "train") == [0, 1, 2]
+
+
+def test_lambada_leaves_out_a_word_longer_than_the_window(world, tmp_path):
+    """A passage whose last word has more tokens than the model's window is left out with one
+    notice; the others are scored."""
+    data = P(str(tmp_path), "l.jsonl")
+    good = [{"text": "The cat sat on the mat and looked at the dog"}, {"text": "Lily went to the park to play"}]
+    write(data, "".join(json.dumps(r) + "\n" for r in good) + open(world.long_word).read())
+    proc = run_main("evaluation/eval_lambada.py", EV(SimpleNamespace(t=str(tmp_path), w=world), f"--data={data}"))
+    assert proc.returncode == 0, proc.stderr
+    assert "notice: 1 passage(s) left out" in proc.stdout and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 2
