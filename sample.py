@@ -13,20 +13,14 @@ import sys
 
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, cli_main
+from tinylab.fileio import read_text
 from tinylab.schema import SAMPLE
 from tinylab.tokenizer import tokenizer_for_checkpoint
 
 
 def read_prompt(start: str) -> str:
     if start.startswith("FILE:"):
-        path = start[5:]
-        try:
-            with open(path, encoding="utf-8") as f:
-                start = f.read()
-        except FileNotFoundError:
-            raise UserError(f"--start=FILE:{path}: no such file") from None
-        except UnicodeDecodeError:
-            raise UserError(f"--start=FILE:{path} is not UTF-8 text") from None
+        start = read_text(start[5:], "--start=FILE: prompt file")
     return start.replace("\\n", "\n")
 
 

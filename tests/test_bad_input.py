@@ -432,7 +432,7 @@ CASES = [
     Case("sample-max-new-tokens", "sample.py", lambda x: EV(x, "--max_new_tokens=-1"), "--max_new_tokens=-1"),
     Case("sample-top-k", "sample.py", lambda x: EV(x, "--top_k=-5"), "--top_k=-5: must be in [0, inf)"),
     Case("sample-start-missing-file", "sample.py", lambda x: EV(x, f"--start=FILE:{P(x.t, 'prompt.txt')}"),
-         "prompt.txt: no such file"),
+         "--start=FILE: prompt file not found"),
     Case("sample-start-not-utf8", "sample.py", lambda x: EV(x, f"--start=FILE:{x.w.latin1}"), "is not UTF-8 text"),
     Case("sample-device-cuda", "sample.py", lambda x: EV(x)[:1] + ["--device=cuda:1"], "CUDA is not available"),
     Case("sample-device-tpu", "sample.py", lambda x: EV(x, "--device=tpu"), "--device='tpu'"),
@@ -440,7 +440,7 @@ CASES = [
     Case("sample-not-a-ckpt", "sample.py", lambda x: EV(x, ckpt=x.w.latin1), "is not a readable checkpoint"),
     Case("sample-other-tokenizer", "sample.py", lambda x: EV(x, f"--tokenizer_model={LLAMA2_TOKENIZER}"),
          "tokenizer has 32000 pieces but the model's vocabulary is 8192"),
-    Case("sample-start-is-a-folder", "sample.py", lambda x: EV(x, f"--start=FILE:{x.t}"), "is a directory", code=1),
+    Case("sample-start-is-a-folder", "sample.py", lambda x: EV(x, f"--start=FILE:{x.t}"), "is a folder, not a file"),
     Case("sample-typo", "sample.py", lambda x: EV(x, "--num_sample=2"), "--num_sample", "did you mean --num_samples?"),
     # ------------------------------------------------------------------ export.py
     Case("export-version-3", "export.py", lambda x: [P(x.t, "m.bin"), "--version=3", f"--checkpoint={x.w.ckpt}"],

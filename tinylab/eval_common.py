@@ -13,7 +13,7 @@ import torch
 from tinylab import hub
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, first_line
-from tinylab.fileio import write_atomic
+from tinylab.fileio import read_text, write_atomic
 from tinylab.interop import imported_checkpoint, read_hf
 from tinylab.rundir import check_output_file
 from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
@@ -108,11 +108,7 @@ def read_rows(path: str, field: str = "text") -> list:
         if field not in table.column_names:
             raise UserError(f"{path} has no '{field}' column (columns: {', '.join(table.column_names)})")
         return [str(v) for v in table.column(field).to_pylist()]
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines(keepends=True)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    lines = read_text(path, "data file").splitlines(keepends=True)
     if ext not in (".jsonl", ".json"):
         return lines
     rows = []

@@ -8,6 +8,22 @@ import os
 import shutil
 import tempfile
 
+from tinylab.errors import UserError
+
+
+def read_text(path: str, what: str = "file") -> str:
+    """The UTF-8 text of a file the user named, or a one-line UserError: a folder, "<what> not
+    found: <path>", or not UTF-8 (naming the byte)."""
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a folder, not a file")
+    if not os.path.isfile(path):
+        raise UserError(f"{what} not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+
 
 def umask() -> int:
     mask = os.umask(0)

@@ -1,31 +1,7 @@
-"""Run a wandb sweep YAML locally, one run after another, with no wandb server.
-
-    python sweep.py sweeps/deletion.yaml                 # every grid point
-    python sweep.py sweeps/x.yaml --count=8 --seed=0     # method: random, 8 seeded draws
-    python sweep.py sweeps/x.yaml --dry_run              # print the commands, run nothing
-    python sweep.py sweeps/x.yaml --wandb_mode=disabled --parallel=2
-
-`wandb agent` cannot run a sweep without the W&B backend (even its "local controller" talks to
-it), so this reads the same YAML (docs/interop.md) and does the agent's job:
-  - grid: the Cartesian product of every parameter's `values` (a `value` is one value), in YAML
-    order, the first parameter varying slowest; random: independent draws from each parameter's
-    distribution with a seeded RNG, `--count` or `run_cap` of them; bayes needs the server: error;
-  - every parameter must be a config key of the program (schema.py for this repository's drivers,
-    else the program's SCHEMA or DEFAULTS) and every command must pass the program's config
-    checks, for all runs before the first one starts;
-  - the command is built exactly as `wandb agent` builds it (wandb_agent.py, `_command_run`):
-    `${envvar:NAME}` inside any item, then items that are a whole macro (`${env}`, `${interpreter}`,
-    `${program}`, `${args}`, `${args_no_equals}`, `${args_no_hyphens}`, `${args_no_boolean_flags}`,
-    `${args_json}`, `${args_json_file}`) replaced by their argument lists; no shell;
-  - each run's out_dir is what the program will compute from that argv (the configurator, config
-    files and `{key}` templates included); only if two runs would share one out_dir, and so
-    overwrite each other's checkpoints and metrics, is `--out_dir=<sweep folder>/run-NNN` appended
-    to every command (the one possible difference from the agent's argv, announced on stderr);
-  - each run starts from the repository root with WANDB_MODE=offline (or --wandb_mode), and the
-    folder of this Python first on PATH so that the agent's `python` is this interpreter;
-  - results.jsonl in the sweep folder gets one line per run: params, argv, exit code, and the final
-    and best (per metric.goal) value of metric.name from the run's metrics.jsonl; configurations
-    already recorded with exit code 0 are skipped when the sweep is started again.
+"""The offline sweep runner behind sweep.py: read a wandb sweep YAML, expand its grid / random
+configurations (seeded), check them against the program's schema, build each run's argv exactly
+as `wandb agent` builds it, run the runs and record their results. What it does, rule by rule,
+is sweep.py's docstring; the YAML keys and macros are in docs/interop.md §4.
 """
 import collections
 import importlib.util
@@ -45,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tinylab.config import Schema
 from tinylab.errors import UserError
+from tinylab.fileio import read_text
 from tinylab.schema import DRIVERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tinylab/..
@@ -123,15 +100,11 @@ def check_parameter(name, spec):
 
 def load_sweep(path):
     import yaml
-    if not os.path.isfile(path):
-        raise UserError(f"sweep file not found: {path}")
+    text = read_text(path, "sweep file")
     try:
-        with open(path, encoding="utf-8") as f:
-            sweep = yaml.safe_load(f)
+        sweep = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise UserError(f"{path} is not valid YAML ({' '.join(str(e).split())[:160]})")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not isinstance(sweep, dict):
         raise UserError(f"{path} is not a sweep configuration (expected a mapping with program, method, parameters)")
     try:

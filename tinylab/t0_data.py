@@ -32,6 +32,7 @@ import torch
 
 from tinylab import hub
 from tinylab.errors import UserError, first_line
+from tinylab.fileio import read_text
 
 # the config keys (schema.py) that ExampleEncoder takes, by name
 TOKENIZATION_KEYS = ("add_bos", "target_space", "add_eos", "max_input_len", "max_target_len", "truncation")
@@ -132,15 +133,11 @@ def load_mixture(path):
     if not path:
         raise UserError("no mixture given: pass --mixture=PATH/mixture.json (python finetune_t0.py "
                         "--make_demo_data=DIR writes a built-in one)")
-    if not os.path.isfile(path):
-        raise UserError(f"mixture file {path} not found")
+    text = read_text(path, "mixture file")
     try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
+        spec = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"mixture file {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
-    except UnicodeDecodeError as e:
-        raise UserError(f"mixture file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not isinstance(spec, dict) or "train" not in spec:
         raise UserError(f"mixture file {path}: needs a top-level object with field 'train' (and 'valid')")
     unknown = sorted(set(spec) - {"train", "valid", "max_examples_per_dataset"})
