@@ -287,14 +287,14 @@ class Schema:
                 convert = _ArgConverter(k)
                 if k.type is bool:
                     group.add_argument(*names, dest=k.name, nargs="?", const=True, default=k.default, type=convert,
-                                       help=k.help)
+                                       help=f"{k.help} ({k.describe()})")
                     group.add_argument(f"--no-{k.name}", dest=k.name, action="store_false", help=argparse.SUPPRESS)
                 elif k.type is list:  # repeatable: --data=a --data=b (or --data=a,b)
                     group.add_argument(*names, dest=k.name, action="extend", default=list(k.default), type=convert,
-                                       metavar="VALUE", help=k.help)
+                                       metavar="VALUE", help=f"{k.help} ({k.describe()})")
                 else:
                     group.add_argument(*names, dest=k.name, default=None if k.required else k.default, type=convert,
-                                       required=k.required, metavar=k.type.__name__.upper(), help=k.help)
+                                       required=k.required, metavar=k.type.__name__.upper(), help=f"{k.help} ({k.describe()})")
         return p
 
     def parse_args(self, argv=None, parser=None) -> argparse.Namespace:
@@ -333,7 +333,7 @@ class ArgParser(argparse.ArgumentParser):
             for arg in message[len(prefix):].split():
                 name = arg.split("=", 1)[0]
                 if name.startswith("--"):
-                    match = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+                    match = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
                     if match:
                         message += f" (did you mean {match[0]}?)"
                         break
