@@ -14,6 +14,7 @@ The loop, per iteration: set LR -> evaluate (on schedule) -> checkpoint (on sche
 -> micro-steps (a fresh batch each, gradient sync only on the last) -> clip -> step -> log.
 Host syncs happen only on log steps and before checkpoints (NaN check).
 """
+import gc
 import math
 import os
 import signal
@@ -205,6 +206,10 @@ def fit_and_close(trainer, run):
     left alone (a collective with a failed peer would hang) and torchrun stops the other ranks."""
     status = trainer.fit()
     barrier(run.dist)
+    # the DDP wrapper's reducer holds the process group: free it first, so the group's gloo
+    # threads are joined here and not during interpreter teardown
+    trainer.model = trainer.raw_model
+    gc.collect()
     run.close()
     if status == "interrupted":
         sys.exit(130)
