@@ -3,46 +3,83 @@
     python grow.py --doubling weights --resume out/ckpt.pt --out_dir out_wide   # width x2
     python grow.py --doubling layers  --resume out/ckpt.pt --out_dir out_deep   # depth x2
     python train.py configs/x.py --init_from=resume_train --out_dir=out_wide    # continue
+    python grow.py --plan --runs out/small out/large --budget=1e18             # plan growth points (§7.1)
+
+The staged-training repository's commands work too (docs/growth.md §6.5):
+
+    python grow.py --doubling weights --resume out/ckpt.pt                     # -> out/ckpt.pt.doubled_weights
+    python grow.py --doubling layers --doubling_layers alternate_id --resume out/ckpt.pt --out_dir out_deep
+    python grow.py --doubling weights --resume out/ckpt.pt --out_dir out_wide \
+        --restart_steps 3319 --restart_warmup_steps 200 --reset_lr_scheduler [--reset_optimizer]
 
 The operators are tinylab/growth.py's (the same ones train.py's grow_schedule applies inside a
-run); the math is in docs/growth.md, the flags in tinylab/schema.py (GROW).
+run); the math is in docs/growth.md, the flags in tinylab/schema.py (GROW). The loss on a batch
+of the run's test data (random tokens when the checkpoint names no dataset here) is printed
+before and after: ~0 change for the function-preserving operators, and the damage a plain copy
+(alternate_copy / append_copy) does.
 """
 import os
+import sys
 
 from tinylab.checkpoint import load_checkpoint, save_checkpoint
-from tinylab.errors import cli_main
-from tinylab.growth import GrowthOptions, grow_checkpoint
+from tinylab.errors import UserError, cli_main
+from tinylab.growth import GrowthOptions, grow_checkpoint, growth_summary, loss_change
+from tinylab.growth_plan import plan_main, refuse_plan_flags, split_multi_values
 from tinylab.rundir import RunDir, check_output_file
 from tinylab.schema import GROW, TRAIN
 
 
+def options(a) -> GrowthOptions:
+    placement, copies = a.placement, False
+    if a.doubling_layers is not None:
+        if a.doubling != "layers":
+            raise UserError(f"--doubling_layers={a.doubling_layers} applies to --doubling layers")
+        placement, copies = GrowthOptions.DOUBLING_LAYERS[a.doubling_layers]
+        if a.placement not in (placement, GROW.keys["placement"].default):
+            raise UserError(f"--doubling_layers={a.doubling_layers} places the copies {placement}, "
+                            f"but --placement={a.placement} was given")
+    return GrowthOptions(doubling=a.doubling, mode=a.mode, symmetry_breaking=a.symmetry_breaking,
+                         sb_scale=a.sb_scale, sb_alpha=a.sb_alpha, placement=placement, seed=a.seed,
+                         c_width=a.c_width, c_depth=a.c_depth, rewarmup_iters=a.rewarmup_iters, copy_layers=copies,
+                         restart_steps=a.restart_steps, restart_warmup_steps=a.restart_warmup_steps,
+                         reset_lr_scheduler=a.reset_lr_scheduler, reset_optimizer=a.reset_optimizer).check()
+
+
 def main(argv=None):
+    argv = split_multi_values(sys.argv[1:] if argv is None else argv)  # --runs A B: one or more folders
     a = GROW.parse_args(argv, GROW.argparser("Double a checkpoint's width (weights) or depth (layers), "
                                              "function-preserving, with its optimizer state and schedule."))
-    opts = GrowthOptions(doubling=a.doubling, mode=a.mode, symmetry_breaking=a.symmetry_breaking, sb_scale=a.sb_scale,
-                         sb_alpha=a.sb_alpha, placement=a.placement, seed=a.seed, c_width=a.c_width,
-                         c_depth=a.c_depth, rewarmup_iters=a.rewarmup_iters).check()
-    with RunDir(a.out_dir) as run_dir:  # created, locked; removed again if nothing is written
-        out_path = check_output_file(os.path.join(a.out_dir, "ckpt.pt"), a.force, "grown checkpoint")
+    if a.plan:  # growth points planned from the runs' fitted scaling laws (docs/growth.md §7.1)
+        return plan_main(a)
+    refuse_plan_flags(a)
+    for flag in ("doubling", "resume"):
+        if getattr(a, flag) is None:
+            raise UserError(f"--{flag} is required (see python grow.py --help)")
+    opts = options(a)
+    source = os.path.join(a.resume, "ckpt.pt") if os.path.isdir(a.resume) else a.resume
+    if a.out_dir is None:  # the original's names, beside the input (one atomic file: no run folder to lock)
+        out_path = source + (".doubled_weights" if a.doubling == "weights" else ".doubled_layer")
+    else:
+        out_path = os.path.join(a.out_dir, "ckpt.pt")
+    with RunDir(a.out_dir, enabled=a.out_dir is not None) as run_dir:  # created, locked; removed again if unused
+        check_output_file(out_path, a.force, "grown checkpoint")
         ckpt = load_checkpoint(a.resume)
         # the optimizer state is rebuilt with the settings the run was trained with
         cfg = {**TRAIN.defaults(), **(ckpt.get("config") or {})}
         grown = grow_checkpoint(ckpt, opts, cfg)
+        before, after, measured_on = loss_change(ckpt, grown, cfg)
         # the summary is built before the write, so nothing can fail after it
-        from model import ModelArgs  # not at the top: tinylab loads first (its Ctrl-C hook, errors.py)
-
-        old, new = ModelArgs.from_dict(ckpt["model_args"]), grown["model_args"]
-        sched = grown.get("lr_rewarmup") or {}
-        was = ckpt["iter_num"] - (ckpt.get("lr_rewarmup") or {}).get("shift", 0)
-        where = (f"; schedule position {grown['iter_num'] - sched['shift']} (was {was}), LR re-warmup over "
-                 f"{sched['iters']} iterations" if opts.mode == "target" else "; exact continuation")
-        summary = (f"grew {opts.doubling} ({opts.mode}, symmetry breaking {opts.split}): dim {old.dim} -> {new['dim']}, "
-                   f"layers {old.n_layers} -> {new['n_layers']}, heads {old.n_heads} -> {new['n_heads']}, "
-                   f"hidden {old.ffn_hidden_dim()} -> {new['hidden_dim']}; iteration {grown['iter_num']}{where}")
+        summary = growth_summary(ckpt, grown, opts)
         save_checkpoint(grown, out_path)
         run_dir.commit()
     print(summary)
-    print(f"wrote {out_path}; continue with: python train.py CONFIG --init_from=resume_train --out_dir={a.out_dir}")
+    note = "" if not opts.copy_layers else " (plain layer copies: the function is NOT preserved)"
+    print(f"loss on {measured_on}: {before:.6f} -> {after:.6f} (change {after - before:+.2e}){note}")
+    if a.out_dir is None:
+        print(f"wrote {out_path}; continue with: python train.py CONFIG --init_from=resume_train "
+              f"--resume_ckpt={out_path} --out_dir=NEW_RUN_FOLDER")
+    else:
+        print(f"wrote {out_path}; continue with: python train.py CONFIG --init_from=resume_train --out_dir={a.out_dir}")
 
 
 if __name__ == "__main__":

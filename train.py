@@ -10,7 +10,7 @@ declared, with their allowed values, in tinylab/schema.py (TRAIN). The loop is t
 evaluation losses on named datasets and the generation evaluation, is tinylab/lm_eval.py's.
 """
 from tinylab.errors import UserError, cli_main
-from tinylab.growth import GrowthHook, parse_grow_schedule
+from tinylab.growth_hook import GrowthHook
 from tinylab.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
 from tinylab.pretokenized import BatchLoader, check_dataset, dataset_dir
 from tinylab.schema import TRAIN
@@ -24,6 +24,7 @@ from tinylab.trainer import (
     start_run,
     training_state,
 )
+from tinylab.warmup import BatchWarmup
 
 SCHEMA = TRAIN  # sweep.py reads a program's keys from here
 
@@ -50,14 +51,15 @@ def main(argv=None):
                               pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device)
         evaluator = LMEvaluator(cfg, run, tokenizer)
         trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
-                          generation_every=cfg["generation_eval_interval_multiplier"])
+                          generation_every=cfg["generation_eval_interval_multiplier"],
+                          batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"])
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "
                   f"dim {model.params.dim}")
-        schedule = parse_grow_schedule(cfg)
-        if schedule:
-            trainer.step_hooks.append(GrowthHook(schedule))
+        growth = GrowthHook.from_config(cfg, training_state(cfg, ckpt))
+        if growth is not None:
+            trainer.step_hooks["growth"] = growth
         evaluator.logger = trainer.logger
         fit_and_close(trainer, run)
 

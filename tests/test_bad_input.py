@@ -414,7 +414,7 @@ CASES = [
          "--sb_alpha=1.5: must be in [0, 1]"),
     Case("grow-sb-scale-inf", "grow.py", lambda x: GROW(x, "--doubling=weights", "--sb_scale=inf"), "--sb_scale"),
     Case("grow-unknown-doubling", "grow.py", lambda x: GROW(x, "--doubling=heads"), "--doubling='heads': must be one of"),
-    Case("grow-no-doubling", "grow.py", lambda x: GROW(x), "arguments are required: --doubling"),
+    Case("grow-no-doubling", "grow.py", lambda x: GROW(x), "--doubling is required"),
     Case("grow-typo", "grow.py", lambda x: GROW(x, "--doubling=weights", "--sb_alpah=0.5"), "--sb_alpah",
          "did you mean --sb_alpha?"),
     Case("grow-missing-resume", "grow.py", lambda x: [f"--resume={P(x.t, 'none.pt')}", f"--out_dir={P(x.t, 'g')}",

@@ -6,7 +6,10 @@ Start here: train.py -> schema.TRAIN (its keys) -> trainer.Trainer (the one loop
   run plumbing     errors (the one error boundary), fileio (atomic writes), rundir (out_dir: lock,
                    refuse / move aside, config.json), checkpoint, distributed, metrics, progress
   training         trainer (run setup and the loop), optim (AdamW, presets, LR schedules),
-                   adafactor (the optimizer), growth (staged training's operators and hook)
+                   adafactor (the optimizer), growth (staged training's operators),
+                   growth_hook (in-run growth: fixed iterations or the slope rule), growth_plan
+                   (grow.py --plan: growth points from fitted scaling laws), warmup (batch-size
+                   and sequence-length warmup)
   TinyStories      dataset_spec (records, transforms, template), synth_stories (built-in corpus),
                    tinystories_data (download, synthesize, train_vocab, pretokenize),
                    tokenizer, pretokenized (dataset checks, the batch loader), lm_eval (train.py's

@@ -26,13 +26,16 @@ In-run growth (train.py's grow_schedule) applies the same operator through `grow
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 
 from model import ModelArgs, Transformer
-from tinylab.checkpoint import clean_state_dict, load_weights
+from tinylab.checkpoint import clean_state_dict, load_weights, model_from_checkpoint
+from tinylab.dataset_spec import dataset_dir
 from tinylab.errors import UserError, first_line
 from tinylab.optim import build_optimizer, optimizer_param_names
+from tinylab.pretokenized import BatchLoader
 
 DOUBLINGS = ("weights", "layers")
 MODES = ("target", "exact")
@@ -72,6 +75,16 @@ class GrowthOptions:
     c_width: float = 1.776          # S_target = S_pre / c (staged-training's constants, §7)
     c_depth: float = 1.412
     rewarmup_iters: int = 150
+    # staged-training's own flags (grow.py; docs/growth.md §6.5)
+    copy_layers: bool = False               # layers: plain copies (alternate_copy / append_copy), not identity
+    restart_steps: Optional[int] = None     # the grown run's first step is restart_steps + 1
+    restart_warmup_steps: int = 0           # ... with a linear re-warmup over this many steps
+    reset_lr_scheduler: bool = False        # False: keep the checkpoint's peak LR (with restart_steps)
+    reset_optimizer: bool = False           # fresh optimizer state
+
+    # the original's --doubling_layers values: (placement, plain copies?)
+    DOUBLING_LAYERS = {"alternate_id": ("interleave", False), "append_id": ("append", False),
+                       "alternate_copy": ("interleave", True), "append_copy": ("append", True)}
 
     def check(self):
         for value, allowed, what in ((self.doubling, DOUBLINGS, "doubling"), (self.mode, MODES, "mode"),
@@ -86,6 +99,13 @@ class GrowthOptions:
             raise UserError(f"c_width and c_depth must be >= 1 (S_target = S_pre / c), got {self.c_width}, {self.c_depth}")
         if self.rewarmup_iters < 0 or self.sb_scale < 0:
             raise UserError("rewarmup_iters and sb_scale must be >= 0")
+        if self.copy_layers and self.doubling != "layers":
+            raise UserError("plain layer copies (--doubling_layers *_copy) apply to --doubling layers only")
+        if self.restart_warmup_steps and self.restart_steps is None:
+            raise UserError("--restart_warmup_steps needs --restart_steps (the position the re-warmup starts from)")
+        if self.mode == "exact" and (self.restart_steps is not None or self.reset_optimizer):
+            raise UserError("mode=exact continues the small model's exact trajectory: --restart_steps and "
+                            "--reset_optimizer belong to mode=target")
         return self
 
     @property
@@ -235,7 +255,9 @@ def grow_depth(weights, args, opt_state, opts):
     """Return (weights, args, opt_state) of the model doubled in depth. The copies' output
     projections are zero, so both residual branches add nothing; at the first step only those get
     gradient, from the second everything learns. Copies start with no optimizer state (fresh
-    moments, their own step 0); old layers keep theirs under their new names."""
+    moments, their own step 0); old layers keep theirs under their new names. With
+    opts.copy_layers (the original's alternate_copy / append_copy) the copies are plain copies of
+    the weights and moments: the function changes."""
     positions = layer_positions(args.n_layers, opts.placement)
     new_weights, new_state = {}, {}
     for name, W in weights.items():
@@ -247,9 +269,12 @@ def grow_depth(weights, args, opt_state, opts):
         _, i, rest = name.split(".", 2)
         old_pos, copy_pos = positions[int(i)]
         new_weights[f"layers.{old_pos}.{rest}"] = W
-        new_weights[f"layers.{copy_pos}.{rest}"] = torch.zeros_like(W) if rest in ZEROED_IN_NEW_LAYERS else W.clone()
+        zeroed = rest in ZEROED_IN_NEW_LAYERS and not opts.copy_layers
+        new_weights[f"layers.{copy_pos}.{rest}"] = torch.zeros_like(W) if zeroed else W.clone()
         if name in opt_state:
             new_state[f"layers.{old_pos}.{rest}"] = opt_state[name]
+            if opts.copy_layers:  # the original's plain copies carry a copy of the moments too
+                new_state[f"layers.{copy_pos}.{rest}"] = {k: v.clone() for k, v in opt_state[name].items()}
     return new_weights, grown_args(args, "layers"), new_state
 
 
@@ -376,6 +401,22 @@ def target_schedule(ckpt, opts):
     return {"start": it, "iters": opts.rewarmup_iters, "shift": shift + s_pre - s_target}
 
 
+def restart_schedule(ckpt, opts, cfg):
+    """grow.py --restart_steps S [--restart_warmup_steps R] (staged-training's restart): the grown
+    run's first step is at schedule position S + 1, re-warming linearly from position S over R
+    steps (optim.lr_at); iteration counting and data continue. Without --reset_lr_scheduler the
+    checkpoint's peak learning rate stays (a restored LambdaLR keeps its base_lrs)."""
+    it, s = ckpt["iter_num"], opts.restart_steps
+    end = cfg["lr_decay_iters"] or cfg["max_iters"]
+    if s >= cfg["max_iters"] or s >= end:
+        raise UserError(f"--restart_steps={s} is beyond the run's schedule (max_iters={cfg['max_iters']}, "
+                        f"lr_decay_iters={cfg['lr_decay_iters']}): the grown run would have nothing left to train")
+    rewarmup = {"start": it, "iters": opts.restart_warmup_steps, "shift": it - (s + 1), "ramp_from": s}
+    if not opts.reset_lr_scheduler:
+        rewarmup["base_lr"] = cfg["learning_rate"]
+    return rewarmup
+
+
 def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg: dict) -> dict:
     """The grown training state as a new checkpoint dict (the input is not modified). `cfg` is the
     whole training config whose optimizer settings the grown optimizer state must match (grow.py:
@@ -410,9 +451,13 @@ def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg: dict) -> dict:
     grown["config"] = {**(ckpt.get("config") or {}),
                        **{k: model_args[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim")}}
     grown["param_overrides"] = overrides
-    if opts.mode == "target":
+    if opts.restart_steps is not None:
+        grown["lr_rewarmup"] = restart_schedule(ckpt, opts, cfg)
+    elif opts.mode == "target":
         grown["lr_rewarmup"] = target_schedule(ckpt, opts)
-    if ckpt.get("optimizer") is not None:
+    if opts.reset_optimizer:
+        grown["optimizer"], grown["param_names"] = None, None
+    elif ckpt.get("optimizer") is not None:
         grown["optimizer"], grown["param_names"] = optimizer_state_dict(new_args, cfg, overrides, opt_state,
                                                                          ckpt["optimizer"])
     return grown
@@ -469,7 +514,7 @@ def parse_grow_schedule(cfg) -> dict:
     """{iteration: doubling} from config grow_schedule="2000:weights,6000:layers", with the other
     grow_* keys checked up front (a mistake should stop the run before training, not at growth)."""
     text = cfg["grow_schedule"].strip()
-    if not text:
+    if not text or parse_auto_growth(cfg) is not None:
         return {}
     schedule = {}
     for entry in text.split(","):
@@ -488,16 +533,23 @@ def parse_grow_schedule(cfg) -> dict:
     return schedule
 
 
-class GrowthHook:
-    """A Trainer step hook (train.py installs it): grow at the iterations of the schedule."""
-
-    def __init__(self, schedule: dict):
-        self.schedule = schedule  # {iteration: "weights" | "layers"}
-
-    def __call__(self, trainer, next_batch):
-        doubling = self.schedule.get(trainer.iter_num)
-        if doubling is not None:
-            grow_in_run(trainer, doubling, next_batch)
+def parse_auto_growth(cfg):
+    """The operators of grow_schedule="auto" / "auto:weights,layers" (grow by the paper's slope
+    rule when it fires, these operators in turn; bare "auto" is one width growth), or None."""
+    text = cfg["grow_schedule"].strip()
+    if not text.startswith("auto"):
+        return None
+    head, _, ops = text.partition(":")
+    if head != "auto":
+        raise UserError(f"grow_schedule={text!r}: write auto or auto:OP[,OP...] (OP weights or layers)")
+    ops = [o.strip() for o in ops.split(",")] if ops.strip() else ["weights"]
+    for op in ops:
+        GrowthOptions.from_config(cfg, op, seed=0)
+    if cfg["optimizer"] != "adamw":
+        raise UserError(f"grow_schedule needs optimizer=adamw (growth maps AdamW state only), not {cfg['optimizer']}")
+    if cfg["grow_mode"] != "target":
+        raise UserError("grow_schedule=auto grows where the paper's rule says, in its target mode: use grow_mode=target")
+    return ops
 
 
 def grow_in_run(trainer, doubling, batch):
@@ -527,3 +579,49 @@ def grow_in_run(trainer, doubling, batch):
               f"parameters, loss on the next batch {before:.6f} -> {after:.6f} (delta {after - before:+.2e})")
     trainer.logger.log(rec, kind="growth")
     return rec
+
+
+# ---------------------------------------------------------------------- grow.py's report
+
+def growth_summary(ckpt, grown, opts) -> str:
+    """One line: what grew, and where the schedule continues."""
+    old, new = ModelArgs.from_dict(ckpt["model_args"]), grown["model_args"]
+    sched = grown.get("lr_rewarmup") or {}
+    was = ckpt["iter_num"] - (ckpt.get("lr_rewarmup") or {}).get("shift", 0)
+    if opts.mode == "exact":
+        where = "; exact continuation"
+    else:
+        where = (f"; schedule position {grown['iter_num'] - sched['shift']} (was {was}), LR re-warmup over "
+                 f"{sched['iters']} iterations")
+        if "base_lr" in sched:
+            where += f" to the checkpoint's learning_rate {sched['base_lr']:g}"
+    if grown.get("optimizer") is None and ckpt.get("optimizer") is not None:
+        where += "; optimizer state reset"
+    layers = f", layers {'copied' if opts.copy_layers else 'identity'} ({opts.placement})" if opts.doubling == "layers" else ""
+    return (f"grew {opts.doubling} ({opts.mode}, symmetry breaking {opts.split}{layers}): dim {old.dim} -> "
+            f"{new['dim']}, layers {old.n_layers} -> {new['n_layers']}, heads {old.n_heads} -> {new['n_heads']}, "
+            f"hidden {old.ffn_hidden_dim()} -> {new['hidden_dim']}; iteration {grown['iter_num']}{where}")
+
+
+@torch.no_grad()
+def loss_change(ckpt, grown, cfg, batch_size=4, max_len=256):
+    """(loss before, loss after, what it was measured on): a few test windows of the dataset the
+    checkpoint's config names, if it is here, else seeded random tokens."""
+    small = model_from_checkpoint(ckpt).eval()
+    big = model_from_checkpoint(grown).eval()
+    seq = min(max_len, small.params.max_seq_len)
+    vocab = small.params.vocab_size
+    folder = dataset_dir(cfg["data_cache_dir"], 0 if cfg.get("vocab_source") == "llama2" else vocab,
+                         cfg["dataset_name"])
+    try:
+        x, y = next(iter(BatchLoader(folder, "test", batch_size, seq, seed=0)))
+        what = f"{batch_size} test windows of {folder}"
+    except UserError:  # no such dataset here (a checkpoint from elsewhere): the function still shows
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, vocab, (batch_size, seq + 1), generator=gen)
+        x, y, what = tokens[:, :-1], tokens[:, 1:], f"{batch_size}x{seq} random tokens (no dataset found)"
+    if x.max() >= vocab:
+        raise UserError(f"the test data of {folder} has ids beyond the model's vocabulary ({vocab})")
+    small(x, y, return_logits=False)
+    big(x, y, return_logits=False)
+    return small.last_loss.item(), big.last_loss.item(), what

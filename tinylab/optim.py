@@ -60,40 +60,60 @@ def optimizer_param_names(optimizer):
     return [n for g in optimizer.param_groups for n in g["param_names"]]
 
 
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
 def lr_at(it, cfg, rewarmup=None):
     """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it).
 
-    lr_scheduling=False (the "no_lrs" configs): constant learning_rate.
-    Otherwise: linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters
-    (default max_iters), constant min_lr after. decay_lr=False also gives a constant rate.
-    rewarmup={"start": R0, "iters": R_w, "shift": k} (after target-mode growth, docs/growth.md §6.3): the
-    schedule is read at position s = it - k. Growth at iteration R0 put the position at
-    R = R0 - k (S_target); for R <= s < R + R_w the rate is (s - R)/R_w * schedule(R + R_w),
-    a ramp from 0 at S_target to the fixed value schedule(S_target + R_w), then the schedule.
+    The schedule (`schedule_lr`) is read at position pos = it - shift. After growth
+    (docs/growth.md §6.3) `rewarmup` = {"start": R0, "iters": R_w, "shift": k, "ramp_from": R,
+    "base_lr": lr0} re-warms linearly: for R <= pos < R + R_w the rate is
+    (pos - R) / R_w * schedule(R + R_w), a ramp from 0 at position R to the schedule's value at
+    R + R_w, then the schedule. Target mode puts R at the growth iteration's position (S_target,
+    so the first step after growth has LR 0); grow.py --restart_steps S puts R = S and the first
+    step at S + 1, which is staged-training's get_restart_linear_schedule_with_warmup exactly.
+    `base_lr` (grow.py without --reset_lr_scheduler) keeps the small run's peak learning rate,
+    as a restored LambdaLR keeps its base_lrs.
     """
     if not rewarmup:
         return schedule_lr(it, cfg)
-    start, iters, shift = rewarmup.get("start", 0), rewarmup.get("iters", 0), rewarmup.get("shift", 0)
-    if start <= it < start + iters:
-        # (s - R) = it - start: the ramp counts run iterations since growth
-        return (it - start) / iters * schedule_lr(start + iters - shift, cfg)
-    return schedule_lr(it - shift, cfg)
+    if rewarmup.get("base_lr") is not None:
+        cfg = {**cfg, "learning_rate": rewarmup["base_lr"]}
+    shift, iters = rewarmup.get("shift", 0), rewarmup.get("iters", 0)
+    pos = it - shift
+    ramp_from = rewarmup.get("ramp_from", rewarmup.get("start", 0) - shift)
+    if iters > 0 and ramp_from <= pos < ramp_from + iters:
+        return (pos - ramp_from) / iters * schedule_lr(ramp_from + iters, cfg)
+    return schedule_lr(pos, cfg)
 
 
 def schedule_lr(pos, cfg):
-    """The configured schedule (constant, or warmup + cosine) at schedule position `pos`."""
+    """The configured schedule at position `pos`:
+      lr_scheduling=False or decay_lr=False   constant learning_rate (the *_no_lrs configs)
+      cosine     linear warmup over warmup_iters (llama2.c's (pos+1)/(warmup+1)), then cosine to
+                 min_lr at lr_decay_iters (0 = max_iters), min_lr after
+      linear     transformers' get_linear_schedule_with_warmup: pos/warmup during the warmup, then
+                 a straight line to min_lr at lr_decay_iters (staged-training's schedule)
+      constant   the same linear warmup as linear, then constant learning_rate
+    """
     lr = cfg["learning_rate"]
     if not (cfg["lr_scheduling"] and cfg["decay_lr"]):
         return lr
-    warmup = cfg["warmup_iters"]
+    kind, warmup, min_lr = cfg["lr_schedule"], cfg["warmup_iters"], cfg["min_lr"]
     decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
-    min_lr = cfg["min_lr"]
+    if kind == "cosine":
+        if pos < warmup:
+            return lr * (pos + 1) / (warmup + 1)
+        if pos > decay_iters:
+            return min_lr
+        ratio = (pos - warmup) / max(1, decay_iters - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
     if pos < warmup:
-        return lr * (pos + 1) / (warmup + 1)
-    if pos > decay_iters:
-        return min_lr
-    ratio = (pos - warmup) / max(1, decay_iters - warmup)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+        return lr * pos / max(1, warmup)
+    if kind == "constant":
+        return lr
+    return min_lr + (lr - min_lr) * max(0.0, (decay_iters - pos) / max(1, decay_iters - warmup))
 
 
 def clip_grad_norm(model, max_norm, overrides=None):

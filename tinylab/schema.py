@@ -13,8 +13,8 @@ from tinylab.config import Key, Schema, check_device
 from tinylab.dataset_spec import FEATURES
 from tinylab.errors import UserError
 from tinylab.growth import MODES as GROW_MODES
-from tinylab.growth import PLACEMENTS, SYMMETRY_BREAKING, parse_grow_schedule
-from tinylab.optim import OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
+from tinylab.growth import PLACEMENTS, SLOPE_THRESHOLDS, SYMMETRY_BREAKING, parse_auto_growth, parse_grow_schedule
+from tinylab.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
 from tinylab.t0_data import MIXINGS, NORMALIZATIONS, TRUNCATIONS
 
 INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name for resume_train
@@ -28,12 +28,14 @@ OUT_DIR = Key("out_dir", "out", "run folder: ckpt.pt, config.json, metrics.jsonl
 MODEL_DIR = Key("model_dir", "", "resume_model: fine-tune from model_dir/ckpt.pt (or a .pt path)")
 INIT = Key("init_from", "scratch", "scratch | resume_train (continue the run in out_dir) | resume_model "
            "(weights of model_dir, fresh optimizer, iteration 0)", choices=INIT_FROM)
+RESUME_CKPT = Key("resume_ckpt", "", "init_from=resume_train: continue this checkpoint file instead of "
+                  "out_dir/ckpt.pt (e.g. grow.py's <ckpt>.doubled_weights); the run then starts a new out_dir")
 OVERWRITE = Key("overwrite", False, "a new run (scratch, resume_model) into an out_dir that holds a run: move "
                 "the old run aside to <out_dir>.previous-<time> instead of refusing")
 SEED = Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range=NONNEG)
 
 IO = [
-    OUT_DIR, MODEL_DIR, INIT, OVERWRITE,
+    OUT_DIR, MODEL_DIR, INIT, RESUME_CKPT, OVERWRITE,
     Key("eval_interval", 2000, "evaluate (and checkpoint) every this many iterations", range=COUNT),
     Key("checkpoint_interval", 0, "checkpoint every this many iterations; 0 = every eval_interval", range=NONNEG),
     Key("log_interval", 1, "log the training loss every this many iterations", range=COUNT),
@@ -73,6 +75,14 @@ LM_DATA = [
         "(<data_cache_dir>/tok{V}/<dataset_name>)", nonempty=True),
     Key("eval_dataset_names", [], "extra datasets whose test shard is evaluated as loss/<name>"),
     Key("eval_batch_size", 0, "micro-batch size of the loss evaluations; 0 = batch_size", range=NONNEG),
+    Key("warmup_bsz", 0, "tokens over which the global batch grows from warmup_bsz_start sequences to "
+        "batch_size * gradient_accumulation_steps (staged-training's --warmup_bsz); 0 = off", range=NONNEG),
+    Key("warmup_bsz_start", 64, "sequences in the first batch of a batch-size warmup", range=COUNT),
+    Key("warmup_seq", 0, "tokens over which the sequence length grows from warmup_seq_start to max_seq_len "
+        "(staged-training's --warmup_seq); 0 = off", range=NONNEG),
+    Key("warmup_seq_start", 64, "tokens per sequence at the start of a sequence-length warmup", range=COUNT),
+    Key("critical_batch_size", True, "log the gradient-noise estimate of the critical batch size on log steps "
+        "(needs gradient accumulation)"),
     Key("split_shards_pretrain", False, "80/20 split of the train shards into pretrain / fine-tune"),
     Key("pretraining", True, "with split_shards_pretrain: True = the first 80%, False = the last 20%"),
 ]
@@ -96,6 +106,9 @@ OPTIMIZER = [
         range=COUNT),
     LR,
     Key("lr_scheduling", True, "False: constant learning_rate (the *_no_lrs fine-tuning configs)"),
+    Key("lr_schedule", "cosine", "cosine (llama2.c) | linear (warmup, then a straight line to min_lr: "
+        "staged-training's get_linear_schedule_with_warmup) | constant (warmup, then constant)",
+        choices=LR_SCHEDULES),
     Key("max_iters", 100000, "optimizer steps of the run", range=NONNEG),
     Key("weight_decay", 1e-1, "AdamW / Adafactor weight decay (matrices only)", range=NONNEG),
     Key("warmup_iters", 1000, "linear LR warmup iterations", range=NONNEG),
@@ -104,7 +117,7 @@ OPTIMIZER = [
     Key("beta2", 0.95, "AdamW beta2", range=FRACTION),
     Key("adam_eps", 1e-8, "AdamW epsilon", range=POSITIVE),
     Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG),
-    Key("decay_lr", True, "cosine decay after the warmup (False: constant after it)"),
+    Key("decay_lr", True, "False: a constant learning_rate (llama2.c's flag)"),
     Key("min_lr", 0.0, "learning rate at the end of the decay", range=NONNEG),
     Key("lr_decay_iters", 0, "iterations over which the LR decays; 0 = max_iters", range=NONNEG),
 ]
@@ -129,8 +142,8 @@ GROW_MODE = Key("grow_mode", "target", "target: schedule back to S_pre/c + LR re
 GROW_SB = Key("grow_symmetry_breaking", "", "how the duplicated halves split each matrix; '' = random (target), "
               "off (exact)", choices=("",) + SYMMETRY_BREAKING)
 GROWTH = [
-    Key("grow_schedule", "", "grow inside the run, e.g. '2000:weights,6000:layers' (double width / depth after "
-        "those iterations; docs/growth.md)"),
+    Key("grow_schedule", "", "grow inside the run: '2000:weights,6000:layers' (double width / depth after those "
+        "iterations) or 'auto:weights,layers' (when the paper's slope rule fires on loss/test; docs/growth.md §7)"),
     GROW_MODE, GROW_SB, GROW_C_WIDTH, GROW_C_DEPTH, GROW_REWARMUP,
 ]
 
@@ -183,6 +196,16 @@ def check_schedule(cfg):
         raise UserError("adafactor_warmup_init=True needs adafactor_relative_step=True")
 
 
+def check_warmups(cfg):
+    batch = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+    if cfg["warmup_bsz"] and cfg["warmup_bsz_start"] >= batch:
+        raise UserError(f"warmup_bsz_start={cfg['warmup_bsz_start']} sequences is not below the global batch it should "
+                        f"grow to (batch_size * gradient_accumulation_steps = {batch}): raise gradient_accumulation_steps "
+                        f"or lower warmup_bsz_start")
+    if cfg["warmup_seq"] and cfg["warmup_seq_start"] >= cfg["max_seq_len"]:
+        raise UserError(f"warmup_seq_start={cfg['warmup_seq_start']} is not below max_seq_len={cfg['max_seq_len']}")
+
+
 def check_init(cfg):
     if cfg["init_from"] == "resume_model" and not cfg["model_dir"]:
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
@@ -196,6 +219,7 @@ def check_generation_datasets(cfg):
 
 def check_growth(cfg):
     parse_grow_schedule(cfg)
+    parse_auto_growth(cfg)
 
 
 def prepare_train(cfg):
@@ -206,7 +230,7 @@ TRAIN = Schema("train.py", [
     ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL), ("optimizer and schedule", OPTIMIZER),
     ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
     ("generation evaluation", GENERATION), ("system", SYSTEM),
-], rules=[check_model_shape, check_schedule, check_init, check_generation_datasets, check_growth],
+], rules=[check_model_shape, check_schedule, check_warmups, check_init, check_generation_datasets, check_growth],
     prepare=prepare_train)
 
 
@@ -297,10 +321,10 @@ SAMPLE = Schema("sample.py", [
 
 GROW = Schema("grow.py", [
     ("growth", [
-        Key("doubling", None, "weights (width x2) | layers (depth x2)", type=str, choices=("weights", "layers"),
-            required=True),
-        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, required=True, nonempty=True),
-        Key("out_dir", None, "folder for the grown ckpt.pt", type=str, required=True, nonempty=True),
+        Key("doubling", None, "weights (width x2) | layers (depth x2)", type=str, choices=("weights", "layers")),
+        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, nonempty=True),
+        Key("out_dir", None, "folder for the grown ckpt.pt (default: <checkpoint>.doubled_weights / "
+            ".doubled_layer beside the input, the original's names)", type=str, nonempty=True),
         GROW_MODE.replace(name="mode"),
         GROW_SB.replace(name="symmetry_breaking"),
         Key("sb_scale", 0.5, "symmetry_breaking=random: R ~ N(0, (sb_scale * RMS(W))^2)", range=NONNEG),
@@ -310,7 +334,44 @@ GROW = Schema("grow.py", [
         SEED.replace(default=0, help="seed of the symmetry-breaking noise"),
         GROW_C_WIDTH.replace(name="c_width"), GROW_C_DEPTH.replace(name="c_depth"),
         GROW_REWARMUP.replace(name="rewarmup_iters"),
-        Key("force", False, "overwrite a checkpoint already in out_dir"),
+        Key("force", False, "overwrite an existing grown checkpoint"),
+    ]),
+    ("the staged-training repository's flags (docs/growth.md §6.5)", [
+        Key("doubling_layers", None, "layers: alternate_id | append_id (function-preserving: the copies' output "
+            "projections are zero; = --placement interleave | append) | alternate_copy | append_copy (plain "
+            "copies, NOT loss-preserving: the loss change is printed)", type=str,
+            choices=("alternate_id", "append_id", "alternate_copy", "append_copy")),
+        Key("restart_steps", None, "the grown run's schedule position: its first step is restart_steps + 1 "
+            "(replaces target mode's S_pre / c)", type=int, range=NONNEG),
+        Key("restart_warmup_steps", 0, "with --restart_steps: a linear re-warmup over this many steps, the "
+            "original's get_restart_linear_schedule_with_warmup", range=NONNEG),
+        Key("reset_lr_scheduler", False, "the grown run takes its peak learning rate from the config it is resumed "
+            "with (without it, with --restart_steps, the checkpoint's learning_rate is kept, as a restored "
+            "LambdaLR keeps its base_lrs)"),
+        Key("reset_optimizer", False, "drop the optimizer state: the grown run starts with fresh AdamW moments"),
+    ]),
+    ("plan (--plan): growth points from the runs' fitted scaling laws (docs/growth.md §7.1)", [
+        Key("plan", False, "plan the compute-optimal growth stages from run logs instead of growing a checkpoint"),
+        Key("runs", [], "run folders with config.json + metrics.jsonl: --runs A B (or --runs=A,B)"),
+        Key("budget", None, "training FLOPs of the whole plan: recommend the lowest predicted final loss",
+            type=float, range=POSITIVE),
+        Key("target_loss", None, "instead: the least compute to this loss (with --budget as a cap)", type=float,
+            range=POSITIVE),
+        Key("max_growths", 2, "candidate plans grow up to this many times", range="[0, 4]"),
+        Key("operators", "weights,layers", "the growth operators the candidates combine (weights, layers)",
+            check=lambda v: None if all(o.strip() in ("weights", "layers") for o in v.split(","))
+            else "must be a comma-separated list of weights, layers"),
+        Key("threshold_width", SLOPE_THRESHOLDS["weights"], "grow width when d log10 L / d log10 C rises above this",
+            range="(-inf, 0)"),
+        Key("threshold_depth", SLOPE_THRESHOLDS["layers"], "grow depth when the slope rises above this",
+            range="(-inf, 0)"),
+        Key("threshold_optimality", SLOPE_THRESHOLDS["optimality"], "the optimality point (reported for the last "
+            "stage)", range="(-inf, 0)"),
+        Key("continue_at", "c", "c: the grown model continues at S_pre / c_width or c_depth (the paper) | loss: at "
+            "the step where its fitted curve has the loss at growth", choices=("c", "loss")),
+        Key("alpha_N", 0.076, "one model size in --runs: E(N) = (N_c/N)^alpha_N with this exponent (Kaplan et al.)",
+            range=POSITIVE),
+        Key("plan_out", "", "the plan's JSON ('' = <first run>/growth_plan.json); replaced only with --force"),
     ]),
 ])
 

@@ -46,6 +46,7 @@ from tinylab.optim import (
     set_lr,
 )
 from tinylab.rundir import RunDir
+from tinylab.warmup import BatchWarmup, truncate
 
 # dense bf16 peak FLOP/s by device name substring, for MFU (override with peak_flops=...)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -126,9 +127,23 @@ def resumes_run(cfg) -> bool:
     return cfg["init_from"] in ("resume_train", "resume")
 
 
+def in_place(cfg) -> bool:
+    """resume_train continuing out_dir's own ckpt.pt (not a --resume_ckpt from elsewhere, such as
+    grow.py's <ckpt>.doubled_weights: that run starts a new folder)."""
+    if not resumes_run(cfg):
+        return False
+    own = os.path.join(cfg["out_dir"], "ckpt.pt")
+    return not cfg["resume_ckpt"] or os.path.abspath(cfg["resume_ckpt"]) == os.path.abspath(own)
+
+
 def checkpoint_path(cfg):
-    """The ckpt.pt that init_from=resume_train (out_dir) or resume_model (model_dir) loads."""
+    """The ckpt.pt that init_from=resume_train (out_dir, or resume_ckpt) or resume_model
+    (model_dir) loads."""
     init_from = cfg["init_from"]
+    if resumes_run(cfg) and cfg["resume_ckpt"]:
+        if not os.path.isfile(cfg["resume_ckpt"]):
+            raise UserError(f"--resume_ckpt={cfg['resume_ckpt']}: no such checkpoint file")
+        return cfg["resume_ckpt"]
     where = cfg["out_dir"] if resumes_run(cfg) else cfg["model_dir"]
     if not where:
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
@@ -173,10 +188,11 @@ def training_state(cfg, ckpt):
 
 def open_run_folder(cfg, run) -> RunDir:
     """out_dir, created and locked by rank 0 for the whole run (use it as a context manager);
-    a new run (scratch, resume_model) must not land on an old one unless cfg["overwrite"]."""
+    a new run (scratch, resume_model, resume_train from a resume_ckpt elsewhere) must not land on
+    an old one unless cfg["overwrite"]."""
     rd = RunDir(cfg["out_dir"], enabled=run.master).open()
     try:
-        if not resumes_run(cfg):
+        if not in_place(cfg):
             rd.check_new_run(cfg["overwrite"])
     except BaseException:
         rd.close()
@@ -189,7 +205,7 @@ def start_run(rd: RunDir, cfg, trainer=None):
     state): move an old run aside (overwrite=True), open the trainer's metrics log (on resume:
     drop the records the resumed run redoes), write the resolved config.json, and keep the folder
     from now on. A run refused before this point leaves an old run's files as they were."""
-    if not resumes_run(cfg) and cfg["overwrite"]:
+    if not in_place(cfg) and cfg["overwrite"]:
         rd.move_aside()
     if trainer is not None:
         trainer.open_log()
@@ -215,20 +231,32 @@ def fit_and_close(trainer, run):
         sys.exit(130)
 
 
+def grad_sq_norm(model) -> torch.Tensor:
+    """Sum of the squared gradients of `model` (a device tensor: no host sync)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+
+
 # ---------------------------------------------------------------------- the loop
 
 class Trainer:
     def __init__(self, cfg, run: Run, model, batches, evaluate, ckpt=None, best_metric="loss/test",
-                 tokens_per_micro_batch=None, generation_every=1):
+                 generation_every=1, batch_warmup: BatchWarmup = None,
+                 critical_batch_size=False):
         self.cfg, self.run, self.batches, self.evaluate = cfg, run, batches, evaluate
         self.best_metric = best_metric
         self.generation_every = generation_every  # evaluations with generations: every N-th one
         self.world = run.dist.world_size
+        # language-modelling batches only (train.py): batch-size / sequence-length warmup, and
+        # the gradient-noise estimate of the critical batch size on log steps
+        self.batch_warmup = batch_warmup.check(self.world) if batch_warmup is not None else None
+        self.track_noise = critical_batch_size
+        self.tokens_seen = 0  # tokens trained on, over all processes (the warmups' clock)
+        self.noise_ema = None  # running means of the estimator's |G|^2 and tr(Sigma) (log steps)
         accum = cfg["gradient_accumulation_steps"]
         if accum % self.world != 0:
             raise UserError(f"gradient_accumulation_steps={accum} must be divisible by the number of processes ({self.world})")
         self.micro_steps = accum // self.world
-        self.tokens_per_iter = accum * (tokens_per_micro_batch or cfg["batch_size"] * cfg["max_seq_len"])
         self.iter_num, self.best_val_loss = 0, 1e9
         self.lr_rewarmup, self.param_overrides = None, None
         self.scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
@@ -239,8 +267,10 @@ class Trainer:
         self.logger = None  # opened by start_run (or fit), once nothing can refuse the run any more
         self.stop_requested = False
         self.improved_since_save = False  # always_save_checkpoint=False saves only after an improvement
-        # hook(trainer, next_batch) after every optimizer step; train.py installs in-run growth here
-        self.step_hooks = []
+        # hook(trainer, next_batch) after every optimizer step; train.py installs in-run growth here.
+        # A hook with a state_dict() is saved with the checkpoint under checkpoint["hooks"][name]
+        self.step_hooks = {}
+        self.last_eval = None  # (iteration, metrics) of the latest evaluation
 
     def open_log(self):
         """The run's metrics.jsonl (and wandb): a resumed run first drops the records it redoes."""
@@ -254,10 +284,11 @@ class Trainer:
         """(Re)build optimizer and wrappers around `raw_model`; restore state from `ckpt`.
         Also used after in-run growth, with a checkpoint-like dict of the grown state."""
         self.raw_model = raw_model
-        if ckpt is not None and ckpt.get("optimizer") is not None:
-            self.param_overrides = ckpt.get("param_overrides")
+        if ckpt is not None:
+            # per-parameter settings belong to the moments they were made for (exact growth)
+            self.param_overrides = ckpt.get("param_overrides") if ckpt.get("optimizer") is not None else None
         self.optimizer = build_optimizer(raw_model, self.cfg, self.param_overrides)
-        if ckpt is not None and ckpt.get("optimizer") is not None:
+        if ckpt is not None:
             self.restore(ckpt)
         model = raw_model
         if self.cfg["compile"]:
@@ -270,6 +301,31 @@ class Trainer:
         self.model = model
 
     def restore(self, ckpt):
+        """The whole training state of `ckpt`; its optimizer state when it has one (grow.py
+        --reset_optimizer writes none: the optimizer starts fresh, the rest continues)."""
+        if ckpt.get("optimizer") is not None:
+            self._restore_optimizer(ckpt)
+        elif self.run.master:
+            print("notice: the checkpoint has no optimizer state: the optimizer starts fresh")
+        self.iter_num = ckpt["iter_num"]
+        self.best_val_loss = ckpt.get("best_val_loss", 1e9)
+        self.lr_rewarmup = ckpt.get("lr_rewarmup")
+        self.tokens_seen = ckpt.get("tokens_seen", 0)
+        self.noise_ema = ckpt.get("noise_ema")
+        if ckpt.get("scaler") is not None:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        if ckpt.get("loader") is not None and hasattr(self.batches, "load_state_dict"):
+            self.batches.load_state_dict(ckpt["loader"])
+        per_rank = ckpt.get("rng_per_rank")
+        if per_rank is not None and len(per_rank) == self.world:
+            ckpt_lib.set_rng_state(per_rank[self.run.dist.rank])  # exact, also under DDP
+        elif ckpt.get("rng") is not None:
+            ckpt_lib.set_rng_state(ckpt["rng"])
+            # another world size (or ckpt_best.pt): rank 0's state, offset so dropout differs per rank
+            if self.run.dist.rank:
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + self.run.dist.rank)
+
+    def _restore_optimizer(self, ckpt):
         saved_names = ckpt.get("param_names")
         names = optimizer_param_names(self.optimizer)
         if saved_names is not None and list(saved_names) != names:
@@ -291,21 +347,6 @@ class Trainer:
                     group[k] = v
         if changed and self.run.master:
             print(f"notice: optimizer settings from the config replace the checkpoint's: {'; '.join(sorted(changed))}")
-        self.iter_num = ckpt["iter_num"]
-        self.best_val_loss = ckpt.get("best_val_loss", 1e9)
-        self.lr_rewarmup = ckpt.get("lr_rewarmup")
-        if ckpt.get("scaler") is not None:
-            self.scaler.load_state_dict(ckpt["scaler"])
-        if ckpt.get("loader") is not None and hasattr(self.batches, "load_state_dict"):
-            self.batches.load_state_dict(ckpt["loader"])
-        per_rank = ckpt.get("rng_per_rank")
-        if per_rank is not None and len(per_rank) == self.world:
-            ckpt_lib.set_rng_state(per_rank[self.run.dist.rank])  # exact, also under DDP
-        elif ckpt.get("rng") is not None:
-            ckpt_lib.set_rng_state(ckpt["rng"])
-            # another world size (or ckpt_best.pt): rank 0's state, offset so dropout differs per rank
-            if self.run.dist.rank:
-                torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + self.run.dist.rank)
 
     def checkpoint_dict(self, loader_state, rng_per_rank=None):
         return {
@@ -318,11 +359,14 @@ class Trainer:
             "lr_rewarmup": self.lr_rewarmup,
             "model_args": ckpt_lib.model_args_dict(self.raw_model),
             "iter_num": self.iter_num,
+            "tokens_seen": self.tokens_seen,
+            "noise_ema": self.noise_ema,
             "best_val_loss": self.best_val_loss,
             "config": dict(self.cfg),
             "rng": ckpt_lib.rng_state(),
             "rng_per_rank": rng_per_rank,  # under DDP: every rank's generators, in rank order
             "loader": loader_state,
+            "hooks": {name: h.state_dict() for name, h in self.step_hooks.items() if hasattr(h, "state_dict")},
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
         }
 
@@ -365,6 +409,25 @@ class Trainer:
             return True, (it % (c["eval_interval"] * mult) == 0 or it == self.end_iter())
         return False, False
 
+    def critical_batch_size(self, g_small, g_big, b_small, b_big):
+        """The gradient-noise estimate of the critical batch size (McCandlish et al. 2018, App. A;
+        staged-training logs it to decide when to grow): from the squared norms of one
+        micro-batch's gradient (b_small sequences) and of the whole step's (b_big sequences),
+            |G|^2 ~ (b_big |g_big|^2 - b_small |g_small|^2) / (b_big - b_small)
+            S     ~ (|g_small|^2 - |g_big|^2) / (1/b_small - 1/b_big)
+        B_crit = S / |G|^2, in sequences. A single step's estimate is noisy (it can be negative),
+        so the logged `critical_batch_size` is the ratio of running means (decay 0.9) over log
+        steps, the step's own ratio `critical_batch_size_step`. (The original plugged gradient
+        norms, not squared norms, into these formulas.)"""
+        g_small, g_big = float(g_small), float(g_big)
+        g2 = (b_big * g_big - b_small * g_small) / (b_big - b_small)
+        trace = (g_small - g_big) / (1.0 / b_small - 1.0 / b_big)
+        ema = self.noise_ema or {"g2": g2, "trace": trace}
+        ema = {"g2": 0.9 * ema["g2"] + 0.1 * g2, "trace": 0.9 * ema["trace"] + 0.1 * trace}
+        self.noise_ema = ema
+        return {"critical_batch_size": ema["trace"] / ema["g2"] if ema["g2"] > 0 else float("nan"),
+                "critical_batch_size_step": trace / g2 if g2 != 0 else float("nan")}
+
     def run_eval(self, it, generations):
         was_training = self.raw_model.training
         self.raw_model.eval()
@@ -376,6 +439,7 @@ class Trainer:
             improved = best is not None and best < self.best_val_loss
             if improved:
                 self.best_val_loss = float(best)
+            self.last_eval = (it, metrics)
             parts = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
             print(f"step {it}: {parts}")
             self.logger.log({"iter": it, **metrics, "best_val_loss": self.best_val_loss}, kind="eval")
@@ -417,7 +481,8 @@ class Trainer:
         batch = self._next_batch()
         t0 = time.time()
         loss_sum = torch.zeros((), device=run.device)
-        iters_since_log = 0
+        iters_since_log = tokens_since_log = 0
+        noise_sample = None
         while True:
             it = self.iter_num
             lr = lr_at(it, cfg, self.lr_rewarmup)
@@ -456,20 +521,38 @@ class Trainer:
                 return "interrupted"
 
             # forward / backward over micro-batches, each a fresh batch
-            for micro_step in range(self.micro_steps):
+            micro_steps, rows, seq = self.micro_steps, None, None
+            if self.batch_warmup is not None:
+                micro_steps, rows, seq = self.batch_warmup.plan(self.tokens_seen, self.world)
+            log_step = it % cfg["log_interval"] == 0
+            noise = self.track_noise and log_step and micro_steps > 1  # the first micro-step's gradient is local
+            for micro_step in range(micro_steps):
                 if run.dist.enabled:
-                    self.model.require_backward_grad_sync = micro_step == self.micro_steps - 1
-                scale = batch.pop("loss_scale", 1.0 / self.micro_steps)
+                    self.model.require_backward_grad_sync = micro_step == micro_steps - 1
+                scale = batch.pop("loss_scale", 1.0 / micro_steps)
+                if rows is not None:
+                    batch = truncate(batch, rows, seq)
                 with run.autocast:
                     self.model(**batch, return_logits=False)  # fused head + loss, no logits
                     loss = self.raw_model.last_loss * scale
+                micro_rows, micro_tokens = batch["tokens"].shape[0], batch["tokens"].numel()
                 # fetch the next batch while the device works (prefetch); remember the position
                 # just before the first batch of each iteration for checkpoints
-                if micro_step == self.micro_steps - 1:
+                if micro_step == micro_steps - 1:
                     loader_state = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
                 batch = self._next_batch()
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
+                if noise and micro_step == 0:
+                    g_small = grad_sq_norm(self.raw_model) / scale ** 2  # one micro-batch's gradient, squared norm
+            step_tokens = micro_tokens * micro_steps * self.world
+            self.tokens_seen += step_tokens
+            tokens_since_log += step_tokens
+            if noise:
+                g_big = grad_sq_norm(self.raw_model)  # the step's gradient, before clipping
+                if self.scaler.is_enabled():
+                    g_small, g_big = g_small / self.scaler.get_scale() ** 2, g_big / self.scaler.get_scale() ** 2
+                noise_sample = (all_reduce_mean(g_small, run.dist), g_big, micro_rows, micro_rows * micro_steps * self.world)
             if cfg["grad_clip"] > 0.0:
                 self.scaler.unscale_(self.optimizer)
                 clip_grad_norm(self.raw_model, cfg["grad_clip"], self.param_overrides)
@@ -489,19 +572,25 @@ class Trainer:
                 t0 = t1
                 if not math.isfinite(lossf):
                     self.check_finite()
-                tokens_per_s = self.tokens_per_iter / dt
+                tokens_per_iter = tokens_since_log / iters_since_log  # varies during a batch / sequence warmup
+                tokens_per_s = tokens_per_iter / dt
                 # per process: each process's share of the tokens against one device's peak
-                mfu = self.raw_model.estimate_mfu(self.tokens_per_iter / self.world, dt, peak, cfg["max_seq_len"])
+                mfu = self.raw_model.estimate_mfu(tokens_per_iter / self.world, dt, peak, seq or cfg["max_seq_len"])
+                noise_metrics = self.critical_batch_size(*noise_sample) if noise_sample is not None else {}
                 if run.master:
                     mfu_s = f" | mfu {mfu * 100:.2f}%" if mfu is not None else ""
                     print(f"{it} | loss {lossf:.4f} | lr {lr:e} | {dt * 1000:.2f}ms | {tokens_per_s:,.0f} tok/s{mfu_s}")
                     rec = {"iter": it, "loss/train": lossf, "lr": lr, "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s}
                     if mfu is not None:
                         rec["mfu"] = mfu
+                    if self.batch_warmup is not None:
+                        rec.update(batch_size=rows * micro_steps * self.world, seq_len=seq, tokens_seen=self.tokens_seen)
+                    rec.update(noise_metrics)
                     if hasattr(self.optimizer, "step_size_metrics"):  # Adafactor: its effective step sizes
                         rec.update(self.optimizer.step_size_metrics())
                     self.logger.log(rec, kind="train", wandb_prefix_map={"loss/train": "train/loss"})
                 loss_sum.zero_()
-                iters_since_log = 0
-            for hook in self.step_hooks:  # after the step: a checkpoint of iter_num sees what the hook did
+                iters_since_log = tokens_since_log = 0
+                noise_sample = None
+            for hook in self.step_hooks.values():  # after the step: a checkpoint of iter_num sees what it did
                 hook(self, batch)
