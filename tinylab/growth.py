@@ -38,6 +38,7 @@ from tinylab.optim import build_optimizer, optimizer_param_names
 from tinylab.pretokenized import BatchLoader
 
 DOUBLINGS = ("weights", "layers")
+C_WIDTH, C_DEPTH = 1.776, 1.412  # staged-training's S_pre / S_target after width / depth growth (§7)
 MODES = ("target", "exact")
 SYMMETRY_BREAKING = ("random", "split", "blockdiag", "off")
 PLACEMENTS = ("interleave", "append")
@@ -72,8 +73,8 @@ class GrowthOptions:
     sb_alpha: float = 0.8           # split: A = C = alpha*W, B = D = (1 - alpha)*W
     placement: str = "interleave"   # layers: copy of layer i at 2i+1, or all copies after the stack
     seed: int = 0
-    c_width: float = 1.776          # S_target = S_pre / c (staged-training's constants, §7)
-    c_depth: float = 1.412
+    c_width: float = C_WIDTH        # S_target = S_pre / c (staged-training's constants, §7)
+    c_depth: float = C_DEPTH
     rewarmup_iters: int = 150
     # staged-training's own flags (grow.py; docs/growth.md §6.5)
     copy_layers: bool = False               # layers: plain copies (alternate_copy / append_copy), not identity

@@ -32,7 +32,17 @@ import numpy as np
 
 from tinylab.errors import UserError
 from tinylab.fileio import read_text, write_atomic
-from tinylab.growth import DOUBLINGS, SLOPE_THRESHOLDS, check_limits, grown_args, growth_point, loss_slopes, meta_model
+from tinylab.growth import (
+    C_DEPTH,
+    C_WIDTH,
+    DOUBLINGS,
+    SLOPE_THRESHOLDS,
+    check_limits,
+    grown_args,
+    growth_point,
+    loss_slopes,
+    meta_model,
+)
 from tinylab.metrics import read_metrics
 from tinylab.rundir import check_output_file
 
@@ -43,7 +53,7 @@ METRIC = "loss/test"
 ALPHA_S_BOUNDS = (0.01, 4.0)
 LN_SC_BOUNDS = (math.log(1e-6), math.log(1e12))   # S_c in units of the first fitted step
 KAPLAN = {"N_c": 8.8e13, "alpha_N": 0.076, "S_c": 2.1e3, "alpha_S": 0.76}  # Kaplan et al. 2020, Table 5
-C_DEFAULTS = {"weights": 1.776, "layers": 1.412}                            # growth.GrowthOptions
+C_DEFAULTS = {"weights": C_WIDTH, "layers": C_DEPTH}                        # the paper's constants
 FLOPS_FORMULA = "model.flops_per_token(max_seq_len) x tokens per iteration (6N + 12*L*d*T per token, PaLM app. B)"
 N_DEFINITION = "non-embedding parameters (Transformer.num_params(non_embedding=True), Kaplan's N)"
 OPERATOR_NAMES = {"weights": "width x2", "layers": "depth x2"}

@@ -12,8 +12,16 @@ below the declarations; everything is checked before a run writes anything.
 from tinylab.config import Key, Schema, check_device
 from tinylab.dataset_spec import FEATURES
 from tinylab.errors import UserError
+from tinylab.growth import (
+    C_DEPTH,
+    C_WIDTH,
+    PLACEMENTS,
+    SLOPE_THRESHOLDS,
+    SYMMETRY_BREAKING,
+    parse_auto_growth,
+    parse_grow_schedule,
+)
 from tinylab.growth import MODES as GROW_MODES
-from tinylab.growth import PLACEMENTS, SLOPE_THRESHOLDS, SYMMETRY_BREAKING, parse_auto_growth, parse_grow_schedule
 from tinylab.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
 from tinylab.t0_data import MIXINGS, NORMALIZATIONS, TRUNCATIONS
 
@@ -133,8 +141,8 @@ ADAFACTOR = [
     Key("adafactor_beta1", 0.0, "first moment; 0 = none", range=FRACTION),
 ]
 
-GROW_C_WIDTH = Key("grow_c_width", 1.776, "target mode: S_target = S_pre / c after width growth", range="[1, inf)")
-GROW_C_DEPTH = Key("grow_c_depth", 1.412, "target mode: S_target = S_pre / c after depth growth", range="[1, inf)")
+GROW_C_WIDTH = Key("grow_c_width", C_WIDTH, "target mode: S_target = S_pre / c after width growth", range="[1, inf)")
+GROW_C_DEPTH = Key("grow_c_depth", C_DEPTH, "target mode: S_target = S_pre / c after depth growth", range="[1, inf)")
 GROW_REWARMUP = Key("grow_rewarmup_iters", 150, "target mode: linear LR re-warmup iterations after growth",
                     range=NONNEG)
 GROW_MODE = Key("grow_mode", "target", "target: schedule back to S_pre/c + LR re-warmup | exact: reproduce the "
