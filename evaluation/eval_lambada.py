@@ -12,6 +12,13 @@ LAMBADA). Perplexity is exp(-mean over passages of log p(continuation | context)
 `last_token_acc` (summary only) is the older, more lenient staged-training figure: only the last
 token of the passage is checked.
 Last stdout line: {"acc", "ppl", "n"}.
+
+staged-training's flags work too (any of --path, --batch, --max-batches, --ignore-fragments,
+--preprocess, --jeff_suggestion, --dryrun, --checkpoint-file, --model-name selects its interface;
+docs/evaluation.md, "The staged-training repository's commands"):
+
+    python evaluation/eval_lambada.py --checkpoint-file out/ckpt.pt --path lambada_test.jsonl --batch 4
+    python evaluation/eval_lambada.py --model-name gpt2 --path lambada_test.jsonl --ignore-fragments
 """
 import os
 import sys
@@ -21,8 +28,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab.config import Key
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args
-from tinylab.lambada import fitting_items, lambada_items, load_passages, score_items, summarize
+from tinylab.lambada import (
+    fitting_items,
+    lambada_items,
+    load_passages,
+    original_items,
+    read_original_passages,
+    score_items,
+    summarize,
+)
+from tinylab.rundir import check_output_file
 from tinylab.schema import EVAL
+from tinylab.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model
 
 SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
     Key("data", "hf", "'hf' (the HF `lambada` test split), 'hf:NAME' (another HF dataset with a text column), or a "
@@ -32,7 +49,16 @@ SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
 
 
 def main(argv=None):
-    a = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n\n")[0]))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return original_main(argv) if interface_of(argv) == "original" else project_main(argv)
+
+
+def project_main(argv):
+    """The project's interface: --checkpoint, --data."""
+    parser = SCHEMA.argparser(__doc__.split("\n\n")[0])
+    parser.epilog = ("staged-training's interface: its flags (--path, --batch, --checkpoint-file, --model-name, "
+                     "...) select it; `eval_lambada.py --path=FILE --help` lists them")
+    a = SCHEMA.parse_args(argv, parser)
     model, ckpt, tok = load_for_args(a)
     passages = load_passages(a.data)
     if a.max_passages:
@@ -53,6 +79,87 @@ def main(argv=None):
     print(f"whole-word accuracy {metrics['acc']:.4f}  target-word perplexity {metrics['ppl']:.3f}  "
           f"last_token_acc (last token only, lenient) {last_token_acc:.4f}")
     emit(metrics, a.out)
+
+
+# ---------------------------------------------------------------------- staged-training's interface
+
+ORIGINAL_HELP = """staged-training's eval_lambada.py: last-token and whole-word LAMBADA accuracy (docs/evaluation.md).
+
+--path is read as the original read it (the whole file, --preprocess applied to its text, split
+into lines; a .jsonl line is {"text": "..."}); each passage is stripped (--jeff_suggestion: "\\n"
+in front) and encoded whole; last_token_acc is the original's Accuracy (the passage's last token
+is the greedy, teacher-forced prediction), acc the project's whole-word test (every token of the
+last word), ppl the target-word perplexity. Last stdout line: {"acc", "last_token_acc", "ppl",
+"n", "fragments"} ({"passages", "n", "fragments", "skipped", "tokens"} with --dryrun)."""
+
+ORIGINAL = EVAL.derive("evaluation/eval_lambada.py", drop=["checkpoint", "batch_size"], sections=[
+    ("staged-training's flags", [
+        Key("path", "lambada_test.jsonl", "the LAMBADA file: OpenAI's lambada_test.jsonl ({\"text\": ...} per line) "
+            "or plain text, one passage per line", nonempty=True),
+        Key("batch", 4, "passages per forward pass", range="[1, inf)"),
+        Key("max_batches", 0, "only the passages of the first N batches; 0 = all (the original parsed it but never "
+            "applied it)", range="[0, inf)", aliases=("max-batches",)),
+        Key("ignore_fragments", False, "leave out the passages whose last token is not the whole last word",
+            aliases=("ignore-fragments",)),
+        Key("preprocess", False, "the original's quote normalisation of the file's text (curly and doubled quotes "
+                                 "become \")"),
+        Key("jeff_suggestion", False, "put a newline in front of each passage", aliases=("jeff-suggestion",)),
+        Key("dryrun", False, "read, preprocess and tokenize only; score nothing, report the counts"),
+        CHECKPOINT_FILE, MODEL_NAME,
+    ])])
+ORIGINAL_FLAGS = {f"--{n}" for _, keys in ORIGINAL.sections[-1:] for k in keys for n in (k.name, *k.aliases)}
+PROJECT_FLAGS = {f"--{n}" for _, keys in SCHEMA.sections[-1:] for k in keys for n in (k.name, *k.aliases)} | \
+    {"--checkpoint", "--batch_size"}
+
+
+def interface_of(argv) -> str:
+    """'original' when a flag only staged-training's interface has is given, else 'project'."""
+    names = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+    ours = [n for n in names if n in ORIGINAL_FLAGS]
+    theirs = [n for n in names if n in PROJECT_FLAGS]
+    if ours and theirs:
+        raise UserError(f"{theirs[0]} belongs to this project's interface and {ours[0]} to staged-training's: use "
+                        f"the flags of one (docs/evaluation.md)")
+    return "original" if ours else "project"
+
+
+def original_main(argv):
+    a = ORIGINAL.parse_args(flag_argv(argv, ORIGINAL), ORIGINAL.argparser(ORIGINAL_HELP))
+    if a.out:
+        check_output_file(a.out, force=True, what="--out")
+    passages = read_original_passages(a.path, a.preprocess)
+    if a.max_batches:
+        passages = passages[:a.max_batches * a.batch]
+    loaded = load_named_model(a, need_model=not a.dryrun)
+    model, tok = loaded.model, loaded.tokenizer
+    items, fragments, skipped = original_items(passages, tok, a.jeff_suggestion)
+    n_fragments = sum(fragments)
+    if a.ignore_fragments:
+        items = [it for it, frag in zip(items, fragments) if not frag]
+    print(f"model {loaded.name}")
+    print(f"data {a.path}: {len(passages)} passages ({skipped} without a context left out), {n_fragments} fragments "
+          f"(last token not the whole last word){' left out' if a.ignore_fragments else ''}; "
+          f"preprocess {a.preprocess}, jeff_suggestion {a.jeff_suggestion}")
+    if a.dryrun:
+        tokens = sum(len(c) + len(w) for c, w in items)
+        print(f"dry run: {len(items)} passages to score, {tokens:,} tokens; nothing scored")
+        emit({"passages": len(passages), "n": len(items), "fragments": n_fragments, "skipped": skipped,
+              "tokens": tokens}, a.out)
+        return
+    items, too_long = fitting_items(items, model.params.max_seq_len)
+    if too_long:
+        print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len={model.params.max_seq_len} "
+              f"tokens or more, which this model cannot score")
+    if not items:
+        raise UserError(f"{a.path} holds no passage with a context and a last word to score")
+    results = score_items(model, items, model.params.max_seq_len, a.batch)
+    metrics = summarize(results)
+    last_token_acc = sum(r[2] for r in results) / len(results)
+    print(f"whole-word accuracy {metrics['acc']:.4f}  target-word perplexity {metrics['ppl']:.3f}  "
+          f"last_token_acc {last_token_acc:.4f}")
+    print("Accuracy: %.4f" % last_token_acc)  # the original's line (its last-token accuracy)
+    emit({"acc": metrics["acc"], "last_token_acc": last_token_acc, "ppl": metrics["ppl"], "n": metrics["n"],
+          "fragments": n_fragments}, a.out)
 
 
 if __name__ == "__main__":

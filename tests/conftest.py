@@ -14,6 +14,7 @@ fastest so, and a 2-core machine shared with other jobs does not oversubscribe. 
 more than a few seconds end to end are marked `slow` (pytest.ini): `pytest -m "not slow"` is the
 quick loop; CI runs everything.
 """
+import json
 import os
 import subprocess
 import sys
@@ -164,6 +165,35 @@ def save_tiny_checkpoint(path, model=None, cache_dir=None, config=None, **fields
 
 
 # ---------------------------------------------------------------------- run outputs
+
+def write_tokens(path, ids):
+    import numpy as np
+
+    np.asarray(ids, dtype=np.uint16).tofile(str(path))
+    return str(path)
+
+
+def save_tiny_gpt2(folder, n_positions=64, n_head=4, n_embd=32, seed=0):
+    """A tiny GPT-2 (transformers) with a byte-level BPE tokenizer of 256 bytes + <|endoftext|>
+    (no merges), saved with save_pretrained: a local --model-name, no network."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    os.makedirs(folder, exist_ok=True)
+    b2u = bytes_to_unicode()
+    vocab = {b2u[b]: b for b in range(256)}
+    vocab["<|endoftext|>"] = 256
+    with open(os.path.join(folder, "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(folder, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n")
+    GPT2Tokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")).save_pretrained(folder)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=n_positions, n_embd=n_embd, n_layer=2,
+                                       n_head=n_head, bos_token_id=256, eos_token_id=256))
+    model.save_pretrained(folder)
+    return str(folder), model.eval()
+
 
 def read_metrics(run):
     """Every record of a run's metrics.jsonl (`run`: the run folder or the file), read with

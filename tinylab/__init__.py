@@ -17,7 +17,10 @@ Start here: train.py -> schema.TRAIN (its keys) -> trainer.Trainer (the one loop
   T0 finetuning    t0_data (mixtures, encoding, packing, masks), t0_demo (built-in tasks),
                    t0_finetune (finetune_t0.py's data and evaluation), rank_eval
   evaluation       eval_common (models, tokenizers, text data for the tools), perplexity, lambada,
-                   feature_judge, probes, hub (Hugging Face hub access)
+                   feature_judge, probes, hub (Hugging Face hub access); staged-training's
+                   interfaces: staged_eval (its model flags), hf_models (any HF causal LM, its
+                   Lightning GPT-2 checkpoints), token_files (its uint16 token files),
+                   staged_train (eval_wikitext.py train on the one loop)
   interop, tools   interop (llama2.c .bin, HF Llama folders), sweeps (offline wandb sweeps),
                    plotting
 
