@@ -1,24 +1,62 @@
-"""Staged training at CPU scale (docs/growth.md): does growing a small model save compute?
+"""Staged training at CPU scale (docs/growth.md, "Experiment"): does growing a small model save
+compute, judged at equal compute?
 
-    python experiments/staged_training.py --threads=1       # data, 5 runs, plot: ~4 min on 2 cores
-    python experiments/staged_training.py --threads=1 --grow_at=300 --reuse_target   # manual timing
-    python experiments/staged_training.py --max_iters=200   # a quick smoke run
+    python experiments/staged_training.py --threads=1                          # 3 seeds x 6 variants
+    python experiments/staged_training.py --threads=1 --seeds=1337 --reuse \
+        --variants=width-nojump,width-aligned,width-sb-off,width-sb-split      # the width ablations
+    python experiments/staged_training.py --threads=1 --seeds=1337 --max_iters=1200 \
+        --variants=width,depth --out_dir=out/staged_long --plots=''            # the longer budget
+    python experiments/staged_training.py --report                             # tables + plots again
+    python experiments/staged_training.py --max_iters=100 --seeds=1 --out_dir=/tmp/s --plots=''  # smoke
 
-Runs, on the built-in procedural corpus (made here with tinystories.py if missing), all with the
-same data order; the target schedule is warmup + cosine over --max_iters, the small models run
-the same shape over 10x as many iterations (as in the paper, growth comes early in the small
-model's own schedule, so its LR is still near the peak):
-  (a) target    the target model from scratch: dim 128, 4 layers, 4 heads, FFN 384;
-  (b) width     dim 64 (2 heads, FFN 192) trained until the slope rule's pre-growth point
-                (growth.growth_point, threshold -0.0475), grown with `grow.py --doubling weights`
-                (mode target: schedule position S_pre / 1.776, LR re-warmup), continued by train.py;
-  (c) depth     2 layers at dim 128, the same with `--doubling layers` (threshold -0.0575, c 1.412).
-The small runs go in chunks of one evaluation interval (train.py resume_train, bit-exact), so the
-slope is checked online and the growth uses the checkpoint at the detected point.
-Compute is training FLOPs: model.flops_per_token (6N + 12·L·d·T, PaLM) x tokens, summed over the
-segments before and after growth. Prints for each run the FLOPs it needed to reach (a)'s final
-test loss (interpolated in log-log between evaluations) and the saving against (a); writes
-results.json to --out_dir and the loss-vs-FLOPs plot to --plot.
+Per seed (--seed changes the data order, the initial weights and the symmetry-breaking noise),
+on the built-in procedural corpus (made here with tinystories.py if missing), all runs with the
+same data order:
+  target        dim 128, 4 layers, 4 heads, FFN 384 (0.92M parameters) from scratch: warmup 30 +
+                cosine 2e-3 -> 2e-4 over --max_iters (600). Its total training compute C_target
+                is the budget of every grown run.
+  small models  "width": dim 64 / 2 heads / FFN 192; "depth": 2 layers at dim 128;
+                "width+depth": dim 64 and 2 layers. The same schedule shape stretched over 10x the
+                iterations (growth comes early in the small model's own schedule, as in the
+                paper), trained in chunks of one evaluation interval (train.py resume_train,
+                bit-exact) so the slope rule (growth.growth_point; thresholds -0.0475 width,
+                -0.0575 depth, -0.03 width+depth) is checked online; if it never fires the model
+                grows at the end of its budget (--max_iters), with a message saying so.
+  variants      grow.py on the small checkpoint, then train.py continues on the target's config
+                (lr_decay_iters kept at the target's, so the schedule is the target's; constant
+                min_lr after it) until the run has spent C_target (the equal-compute protocol):
+    width                 --doubling weights, target mode: position S_target = round(S_pre / 1.776),
+                          re-warmup 20 (the §6.3 recipe)
+    depth                 --doubling layers, S_pre / 1.412
+    width+depth           the combined operator from the half-width, half-depth model at one
+                          iteration: --doubling weights --c_width 2.455 (the combined constant:
+                          position S_pre / 2.455), then --doubling layers --c_depth 1 on the result
+                          (position unchanged; the re-warmup window is the same)
+    width-restart         --restart_steps S_target --restart_warmup_steps 20 --reset_lr_scheduler
+                          (the original's restart formula with the target config's LR)
+    width-restart-keeplr  the same without --reset_lr_scheduler (the small checkpoint's peak LR)
+    width-resetopt        the width recipe with --reset_optimizer (fresh AdamW moments)
+  ablations (--variants=...)
+    width-nojump          --c_width 1: no position jump (position S_pre of the target schedule)
+    width-aligned         --restart_steps max_iters - N_post: the schedule anneals to min_lr exactly
+                          when the run reaches C_target
+    width+depth-aligned   the combined operator with position max_iters - N_post (--c_width =
+                          g / (max_iters - N_post)), the same alignment
+    width-sb-off / -split --symmetry_breaking off / split (the recipe's default is random)
+The restart variants and the ablations reuse the width small model of the same seed.
+
+Compute is training FLOPs: model.flops_per_token = 6N + 12·L·d·T (PaLM; N = the matmul
+parameters, the tied head included) x tokens, summed over the segments before and after growth.
+The grown run's iterations after growth are N_post = ceil((C_target - g·F_small) / F_target)
+(F: FLOPs per iteration, g: the growth iteration). Reported per seed and variant: the trigger
+(slope rule or fallback), the test loss just before and after growth (function preservation),
+the final loss at equal compute against the target's, the FLOPs at which the grown run first
+reaches the target's final loss (log-log interpolation between evaluations) and the saving
+1 - that / C_target ("never" if it does not reach it within C_target), and for width growth the
+relative half-asymmetry RMS(h1 - h2) / RMS(h) of the final hidden state (growth.half_asymmetry's
+quantity, normalised) on fixed test windows. Every number goes to <out_dir>/seed<N>/results.json
+and, over all seeds, <out_dir>/results.json; the plots to <plots>.png (operators) and
+<plots>_width.png (width variants and ablations).
 """
 import json
 import math
@@ -37,24 +75,75 @@ import grow as grow_cli  # noqa: E402  (the commands, run in-process)
 import train  # noqa: E402
 from model import ModelArgs  # noqa: E402
 from tinylab import growth  # noqa: E402
+from tinylab.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from tinylab.config import ArgParser  # noqa: E402
-from tinylab.errors import cli_main  # noqa: E402
+from tinylab.errors import UserError, cli_main  # noqa: E402
 from tinylab.metrics import read_metrics  # noqa: E402
+from tinylab.optim import lr_at  # noqa: E402
+from tinylab.pretokenized import BatchLoader, dataset_dir  # noqa: E402
+from tinylab.schema import TRAIN  # noqa: E402
 
 VOCAB = 512
 TARGET = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=384)
-SMALL = {"width": dict(TARGET, dim=64, n_heads=2, n_kv_heads=2, hidden_dim=192),
-         "depth": dict(TARGET, n_layers=2)}
-DOUBLING = {"width": "weights", "depth": "layers"}
+HALF_WIDTH = dict(dim=64, n_heads=2, n_kv_heads=2, hidden_dim=192)
+SMALL = {"width": dict(TARGET, **HALF_WIDTH), "depth": dict(TARGET, n_layers=2),
+         "width+depth": dict(TARGET, **HALF_WIDTH, n_layers=2)}
 SMALL_DECAY = 10  # the small models' cosine runs over 10x the target's iterations
+C_WIDTH, C_DEPTH, C_COMBINED = 1.776, 1.412, 2.455  # docs/growth.md §7
+THRESHOLDS = {"width": growth.SLOPE_THRESHOLDS["weights"], "depth": growth.SLOPE_THRESHOLDS["layers"],
+              "width+depth": -0.03}
+FLOP_FORMULA = ("training FLOPs = sum over segments of model.flops_per_token x tokens, flops_per_token = "
+                "6N + 12·L·d·T (PaLM; N = matmul parameters incl. the tied head, T = 64), tokens = 16 x 64 "
+                "per iteration; the grown run continues until it has spent the target's total")
+ASYM_OFFSETS = (20, 60, 140, 300)  # iterations after growth at which the half-asymmetry is measured
 
 
-def common_config(a):
+def s_target(g, c):
+    return int(round(g / c))
+
+
+# name: (small model, label, [(doubling, flags(g, n_post, a))], measures the half-asymmetry)
+def _w(*extra):
+    return [("weights", lambda g, n, a: [f"--c_width={C_WIDTH}", f"--rewarmup_iters={a.rewarmup_iters}", *extra])]
+
+
+def _restart(keep_lr=False, aligned=False):
+    def flags(g, n, a):
+        s = a.max_iters - n if aligned else s_target(g, C_WIDTH)
+        return [f"--restart_steps={s}", f"--restart_warmup_steps={a.rewarmup_iters}"] + \
+            ([] if keep_lr else ["--reset_lr_scheduler"])
+    return [("weights", flags)]
+
+
+VARIANTS = {
+    "width": ("width", "width (S_pre/1.776, re-warmup)", _w(), True),
+    "depth": ("depth", "depth (S_pre/1.412, re-warmup)", [
+        ("layers", lambda g, n, a: [f"--c_depth={C_DEPTH}", f"--rewarmup_iters={a.rewarmup_iters}"])], False),
+    "width+depth": ("width+depth", "width+depth (S_pre/2.455, re-warmup)", [
+        ("weights", lambda g, n, a: [f"--c_width={C_COMBINED}", f"--rewarmup_iters={a.rewarmup_iters}"]),
+        ("layers", lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+    "width-restart": ("width", "width, --restart_steps S_target --reset_lr_scheduler", _restart(), True),
+    "width-restart-keeplr": ("width", "width, --restart_steps S_target (small model's LR)", _restart(True), True),
+    "width-resetopt": ("width", "width, --reset_optimizer", _w("--reset_optimizer"), True),
+    "width-nojump": ("width", "width, no position jump (c = 1)", [
+        ("weights", lambda g, n, a: ["--c_width=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+    "width-aligned": ("width", "width, restart at max_iters - N_post (anneals at C_target)",
+                      _restart(aligned=True), True),
+    "width+depth-aligned": ("width+depth", "width+depth, position max_iters - N_post (anneals at C_target)", [
+        ("weights", lambda g, n, a: [f"--c_width={g / (a.max_iters - n)!r}", f"--rewarmup_iters={a.rewarmup_iters}"]),
+        ("layers", lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+    "width-sb-off": ("width", "width, --symmetry_breaking off", _w("--symmetry_breaking=off"), True),
+    "width-sb-split": ("width", "width, --symmetry_breaking split", _w("--symmetry_breaking=split"), True),
+}
+MAIN = "width,depth,width+depth,width-restart,width-restart-keeplr,width-resetopt"
+
+
+def common_config(a, seed):
     return dict(data_cache_dir=a.data_cache_dir, vocab_size=VOCAB, dataset_name="pretrain-all", multiple_of=32,
                 max_seq_len=64, batch_size=16, gradient_accumulation_steps=1, learning_rate=2e-3, min_lr=2e-4,
                 warmup_iters=30, max_iters=a.max_iters, lr_decay_iters=a.max_iters, weight_decay=0.1,
                 eval_interval=a.eval_interval, eval_iters=4, log_interval=50, max_new_tokens=0, dropout=0.0,
-                device="cpu", dtype="float32", seed=a.seed)
+                device="cpu", dtype="float32", seed=seed)
 
 
 def train_run(cfg, **over):
@@ -131,120 +220,327 @@ def fresh(out_dir):
     return out_dir
 
 
-def staged_run(name, a, cfg):
-    """Train the small model chunk by chunk until the slope rule fires (or to --grow_at), grow it
-    with grow.py, continue with train.py on the target's config."""
-    tag = f"{name}_at{a.grow_at}" if a.grow_at else name
-    small_dir, grown_dir = (fresh(os.path.join(a.out_dir, f"{tag}_{s}")) for s in ("small", "grown"))
-    doubling = DOUBLING[name]
-    threshold = growth.SLOPE_THRESHOLDS[doubling]
-    # the small model's own, long schedule (the paper grows early in it): its LR is still near the
-    # peak at growth, and the grown run re-warms to the target schedule's LR at S_target
-    small = dict(cfg, **SMALL[name], lr_decay_iters=SMALL_DECAY * a.max_iters)
+def test_tokens(cfg, n=8):
+    folder = dataset_dir(cfg["data_cache_dir"], VOCAB, cfg["dataset_name"])
+    return next(iter(BatchLoader(folder, "test", n, cfg["max_seq_len"], seed=0)))[0]
+
+
+@torch.no_grad()
+def relative_asymmetry(ckpt_path, tokens):
+    """RMS(h1 - h2) / RMS(h) of the final hidden state's two halves (0 = the halves still compute
+    the same thing: the model is the small one in effect)."""
+    model = model_from_checkpoint(load_checkpoint(ckpt_path)).eval()
+    h = model._trunk(tokens)
+    d = h.shape[-1] // 2
+    return ((h[..., :d] - h[..., d:]).pow(2).mean().sqrt() / h.pow(2).mean().sqrt()).item()
+
+
+# ---------------------------------------------------------------------- runs
+
+def target_run(a, cfg, seed_dir):
+    d = os.path.join(seed_dir, "target")
+    if not (a.reuse and os.path.exists(os.path.join(d, "metrics.jsonl"))):
+        train_run(dict(cfg, **TARGET), out_dir=fresh(d))
+    pts = curve([(d, 0, TARGET)], cfg)
+    if pts[-1][0] != a.max_iters:
+        raise UserError(f"{d} is not a complete {a.max_iters}-iteration target run (rerun without --reuse)")
+    return {"label": "target from scratch", "dir": d, "curve": pts, "final_loss": pts[-1][2],
+            "flops": a.max_iters * flops_per_iter(TARGET, cfg)}
+
+
+def small_run(key, a, cfg, seed_dir):
+    """Train the small model chunk by chunk until the slope rule fires (or to --grow_at / the
+    budget's end); its last checkpoint is the one to grow."""
+    d = os.path.join(seed_dir, f"small_{key}")
+    info_path = os.path.join(d, "small.json")
+    if a.reuse and os.path.exists(info_path):
+        with open(info_path) as f:
+            return json.load(f)
+    fresh(d)
+    threshold = THRESHOLDS[key]
+    small = dict(cfg, **SMALL[key], lr_decay_iters=SMALL_DECAY * a.max_iters)
+    stop = a.grow_at or a.max_iters
     it, s_pre, slopes = 0, None, []
-    while it < (a.grow_at or a.max_iters):
-        it = min(it + a.eval_interval, a.grow_at or a.max_iters)
-        train_run(small, out_dir=small_dir, max_iters=it, init_from="resume_train" if it > a.eval_interval else "scratch")
+    while it < stop:
+        it = min(it + a.eval_interval, stop)
+        train_run(small, out_dir=d, max_iters=it, init_from="resume_train" if it > a.eval_interval else "scratch")
         if a.grow_at:
             continue
-        pts = curve([(small_dir, 0, SMALL[name])], cfg)[1:]  # iteration 0 has no compute
+        pts = curve([(d, 0, SMALL[key])], cfg)[1:]  # iteration 0 has no compute
         compute, losses = [p[1] for p in pts], [p[2] for p in pts]
         slopes = growth.loss_slopes(compute, losses)
         idx = growth.growth_point(compute, losses, threshold)
         if idx is not None:
             s_pre = pts[idx][0]
             break
-    if s_pre is None and not a.grow_at:
-        late = [x for x in slopes[len(slopes) // 2:] if x is not None]
-        print(f"{name}: the smoothed slope never rose above {threshold} (second half: {min(late):.3f} .. {max(late):.3f}); "
-              f"growing at the end of the small model's budget, iteration {it}")
-    g = it  # the checkpoint of the chunk that detected the point (S_pre rounded up to an evaluation)
-    grow_cli.main([f"--doubling={doubling}", f"--resume={small_dir}", f"--out_dir={grown_dir}",
-               f"--rewarmup_iters={a.rewarmup_iters}", f"--seed={a.seed}"])
-    train_run(dict(cfg, **TARGET), out_dir=grown_dir, init_from="resume_train")
-    return {"s_pre": s_pre, "grown_at": g, "threshold": threshold, "rule": "manual" if a.grow_at else "slope",
-            "late_slopes": [x for x in slopes[len(slopes) // 2:] if x is not None],
-            "curve": curve([(small_dir, 0, SMALL[name]), (grown_dir, g, TARGET)], cfg),
-            "loss_at_growth": [eval_loss(small_dir, g), eval_loss(grown_dir, g)]}
+    late = [x for x in slopes[len(slopes) // 2:] if x is not None]
+    if a.grow_at:
+        trigger, message = "manual", f"{key}: growing at --grow_at={it}"
+    elif s_pre is None:
+        trigger = "fallback"
+        message = (f"{key}: the smoothed slope never rose above {threshold} (second half: {min(late):.3f} .. "
+                   f"{max(late):.3f}); growing at the end of the small model's budget, iteration {it}")
+    else:
+        trigger, message = "slope", f"{key}: the slope rule fired at iteration {s_pre}; growing there"
+    print(message)
+    info = {"dir": d, "shape": SMALL[key], "grown_at": it, "s_pre": s_pre, "trigger": trigger, "message": message,
+            "threshold": threshold, "late_slopes": late, "curve": curve([(d, 0, SMALL[key])], cfg)}
+    with open(info_path, "w") as f:
+        json.dump(info, f, indent=1)
+    return info
 
 
-def plot(results, path, target_loss):
+def grown_run(name, small, a, cfg, seed_dir, target, tokens):
+    """Grow the small checkpoint as the variant says, continue on the target config until the
+    run has spent the target's compute; the half-asymmetry is measured at ASYM_OFFSETS."""
+    key, label, steps, asym = VARIANTS[name]
+    g = small["grown_at"]
+    f_small, f_target = flops_per_iter(small["shape"], cfg), flops_per_iter(TARGET, cfg)
+    n_post = math.ceil((target["flops"] - g * f_small) / f_target - 1e-9)
+    src, flags_used = small["dir"], []
+    for k, (doubling, flags) in enumerate(steps):
+        out = fresh(os.path.join(seed_dir, f"{name}_grown" if k == len(steps) - 1 else f"{name}_step{k}"))
+        f = [f"--doubling={doubling}", f"--resume={src}", f"--out_dir={out}", f"--seed={cfg['seed']}", *flags(g, n_post, a)]
+        flags_used.append(" ".join(f[:1] + f[3:]))
+        grow_cli.main(f)
+        src = out
+    d = src
+    ckpt = load_checkpoint(os.path.join(d, "ckpt.pt"))
+    rewarmup = ckpt.get("lr_rewarmup") or {}
+    shift = rewarmup.get("shift", 0)
+    end = g + n_post
+    run_cfg = dict(cfg, **TARGET)
+    asymmetry = {0: relative_asymmetry(os.path.join(d, "ckpt.pt"), tokens)} if asym else {}
+    stops = sorted({g + o for o in ASYM_OFFSETS if o < n_post} | {end}) if asym else [end]
+    for stop in stops:  # train.py resume_train: chunks continue bit-exactly
+        train_run(run_cfg, out_dir=d, init_from="resume_train", max_iters=stop - shift)
+        if asym:
+            asymmetry[stop - g] = relative_asymmetry(os.path.join(d, "ckpt.pt"), tokens)
+    pts = curve([(small["dir"], 0, small["shape"]), (d, g, TARGET)], cfg)
+    if pts[-1][0] != end:
+        raise UserError(f"{name}: the grown run ended at iteration {pts[-1][0]}, not {end}")
+    full_cfg = {**TRAIN.defaults(), **run_cfg}
+    lrs = [lr_at(i, full_cfg, rewarmup) for i in range(g, end)]
+    c_target, l_target = target["flops"], target["final_loss"]
+    reach = flops_to_reach(pts, l_target)
+    before, after = eval_loss(small["dir"], g), eval_loss(d, g)
+    s_eq = iteration_reaching(target["curve"], before)  # where the target has the loss at growth
+    return {"label": label, "small": key, "grow_flags": flags_used, "grown_at": g, "trigger": small["trigger"],
+            "s_pre": small["s_pre"], "position_after_growth": g - shift, "lr_rewarmup": rewarmup,
+            "optimizer_reset": ckpt.get("optimizer") is None, "n_post": n_post,
+            "flops_small_per_iter": f_small, "flops_target_per_iter": f_target,
+            "flops": g * f_small + n_post * f_target, "curve": pts,
+            "loss_at_growth": [before, after], "delta_loss_at_growth": after - before,
+            "final_loss": pts[-1][2], "loss_at_target_flops": loss_at(pts, c_target) or pts[-1][2],
+            "target_final_loss": l_target, "target_loss_at_growth_flops": loss_at(target["curve"], g * f_small),
+            "flops_to_target_loss": reach, "saving": None if reach is None else 1 - reach / c_target,
+            "empirical_c": g / s_eq if s_eq else None,
+            # the notebook's estimate of the saving: what the target needs to reach the loss at
+            # growth minus what the small model spent, over the target's total
+            "head_start": None if s_eq is None else (s_eq * f_target - g * f_small) / c_target,
+            "lr_after_growth": lrs[:3], "mean_lr_after_growth": sum(lrs) / len(lrs),
+            "lr_curve": [[g + i, lrs[i]] for i in range(0, len(lrs), 5)],
+            "asymmetry": {str(k): v for k, v in asymmetry.items()}}
+
+
+def run_seed(seed, a):
+    cfg = common_config(a, seed)
+    seed_dir = os.path.join(a.out_dir, f"seed{seed}")
+    os.makedirs(seed_dir, exist_ok=True)
+    path = os.path.join(seed_dir, "results.json")
+    res = {"seed": seed, "variants": {}}
+    if a.reuse and os.path.exists(path):
+        with open(path) as f:
+            res = json.load(f)
+    t0 = time.time()
+    res["config"] = cfg
+    res["target"] = target_run(a, cfg, seed_dir)
+    tokens = test_tokens(cfg)
+    smalls = res.setdefault("small", {})
+    trained = set()
+    for name in a.variants.split(","):
+        key = VARIANTS[name][0]
+        if key not in trained and not (a.reuse and key in smalls):
+            smalls[key] = small_run(key, a, cfg, seed_dir)
+            trained.add(key)
+        if a.reuse and name in res["variants"]:
+            continue  # finished in an earlier, interrupted invocation
+        t = time.time()
+        res["variants"][name] = grown_run(name, smalls[key], a, cfg, seed_dir, res["target"], tokens)
+        res["variants"][name]["seconds"] = time.time() - t
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"seed {seed}: {time.time() - t0:.0f} s")
+    return res
+
+
+# ---------------------------------------------------------------------- report
+
+def fmt_saving(r):
+    return "never" if r["saving"] is None else f"{100 * r['saving']:+.1f}%"
+
+
+def summarize(a):
+    seeds = {}
+    for entry in sorted(os.listdir(a.out_dir)):
+        path = os.path.join(a.out_dir, entry, "results.json")
+        if entry.startswith("seed") and os.path.exists(path):
+            with open(path) as f:
+                seeds[entry[4:]] = json.load(f)
+    if not seeds:
+        raise UserError(f"no seed*/results.json in {a.out_dir}")
+    names = [n for n in VARIANTS if any(n in s["variants"] for s in seeds.values())]
+    summary = {}
+    print(f"\ncompute: {FLOP_FORMULA}")
+    print("target: " + "; ".join(f"seed {k} final loss {s['target']['final_loss']:.4f} at {s['target']['flops']:.3e} FLOPs"
+                                 for k, s in seeds.items()))
+    head = f"{'variant':22s} " + " ".join(f"{'seed ' + k:>22s}" for k in seeds) + "   mean saving   mean final - target"
+    print(head)
+    for n in names:
+        row, savings, gaps = [], [], []
+        for k, s in seeds.items():
+            r = s["variants"].get(n)
+            if r is None:
+                row.append(f"{'-':>22s}")
+                continue
+            gaps.append(r["loss_at_target_flops"] - r["target_final_loss"])
+            savings.append(r["saving"])
+            row.append(f"{fmt_saving(r):>7s} ({r['loss_at_target_flops']:.4f})".rjust(22))
+        reached = [x for x in savings if x is not None]
+        mean = sum(reached) / len(reached) if len(reached) == len(savings) else None
+        summary[n] = {"savings": {k: s["variants"][n]["saving"] for k, s in seeds.items() if n in s["variants"]},
+                      "mean_saving": mean, "reached": f"{len(reached)}/{len(savings)}",
+                      "mean_final_minus_target": sum(gaps) / len(gaps)}
+        m = "never" if not reached else (f"{100 * mean:+.1f}%" if mean is not None else
+                                          f"{len(reached)}/{len(savings)} reach")
+        print(f"{n:22s} " + " ".join(row) + f"   {m:>11s}   {summary[n]['mean_final_minus_target']:+.4f}")
+    print("(saving of the target's compute to reach its final loss; in brackets the loss at equal compute)")
+    for k, s in seeds.items():
+        for n, r in s["variants"].items():
+            before, after = r["loss_at_growth"]
+            asym = ", ".join(f"+{o}: {v:.3f}" for o, v in r["asymmetry"].items())
+            print(f"  seed {k} {n:21s} {r['trigger']} growth at {r['grown_at']} -> position {r['position_after_growth']}, "
+                  f"test loss {before:.4f} -> {after:.4f}, N_post {r['n_post']}, final {r['final_loss']:.4f} vs "
+                  f"{r['target_final_loss']:.4f}" + (f"; half-asymmetry {asym}" if asym else ""))
+    out = {"protocol": FLOP_FORMULA, "summary": summary, "seeds": seeds}
+    with open(os.path.join(a.out_dir, "results.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    if a.plots:
+        plot(seeds, a.plots)
+    print(f"results: {os.path.join(a.out_dir, 'results.json')}" + (f"; plots: {a.plots}*.png" if a.plots else ""))
+    return out
+
+
+def plot(seeds, prefix):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in results.items():
-        c = [p[1] for p in r["curve"] if p[1] > 0]
-        loss = [p[2] for p in r["curve"] if p[1] > 0]
-        ax.plot(c, loss, label=r["label"])
-        if "grown_at" in r:
-            g = next(p for p in r["curve"] if p[0] >= r["grown_at"])
-            ax.plot([g[1]], [g[2]], "o", color=ax.lines[-1].get_color())
-    ax.axhline(target_loss, color="gray", lw=0.8, ls="--", label="(a) final loss")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("training FLOPs (6N + 12·L·d·T per token)")
-    ax.set_ylabel("test loss")
-    ax.set_title("staged training on the built-in corpus (dots: growth)")
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    first = next(iter(seeds))
+    groups = [("", ["width", "depth", "width+depth"], "operators (faint: the other seeds)"),
+              ("_width", ["width", "width-restart", "width-restart-keeplr", "width-resetopt", "width-nojump",
+                          "width-aligned", "width-sb-off", "width-sb-split", "width+depth-aligned"],
+               f"width variants (seed {first})")]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for suffix, names, title in groups:
+        present = [n for n in names if any(n in s["variants"] for s in seeds.values())]
+        if not present:
+            continue
+        width_panels = suffix == "_width"
+        fig, axes = plt.subplots(1, 3 if width_panels else 1, figsize=(16 if width_panels else 7.5, 4.8))
+        ax = axes[0] if width_panels else axes
+        for k, s in seeds.items():
+            if width_panels and k != first:
+                continue
+            main = k == first
+            t = s["target"]
+            ax.plot([p[1] for p in t["curve"] if p[1] > 0], [p[2] for p in t["curve"] if p[1] > 0], color="black",
+                    alpha=1 if main else 0.25, lw=1.2, label="target from scratch" if main else None)
+            for j, n in enumerate(present):
+                r = s["variants"].get(n)
+                if r is None:
+                    continue
+                c = colors[j % len(colors)]
+                pts = [p for p in r["curve"] if p[1] > 0]
+                ax.plot([p[1] for p in pts], [p[2] for p in pts], color=c, alpha=1 if main else 0.25, lw=1,
+                        ls="--" if n == "width-restart-keeplr" else "-", label=r["label"] if main else None)
+                g = next(p for p in r["curve"] if p[0] >= r["grown_at"])
+                ax.plot([g[1]], [g[2]], "o", color=c, alpha=1 if main else 0.25, ms=4)
+        t = seeds[first]["target"]
+        ax.axhline(t["final_loss"], color="gray", lw=0.8, ls=":", label=f"target's final loss (seed {first})")
+        ax.axvline(t["flops"], color="gray", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        if width_panels:
+            ax.set_xlim(t["flops"] * 0.25, t["flops"] * 1.05)
+            ax.set_ylim(t["final_loss"] * 0.95, t["final_loss"] * 1.6)
+        ax.set_xlabel("training FLOPs (6N + 12·L·d·T per token)")
+        ax.set_ylabel("test loss")
+        ax.set_title(f"staged training, equal compute: {title}\n(dots: growth; dotted: the target's compute and loss)",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+        if width_panels:
+            s = seeds[first]
+            ax2, ax3 = axes[1], axes[2]
+            full = {**TRAIN.defaults(), **s["config"], **TARGET}
+            ax2.plot(range(full["max_iters"] + 1), [lr_at(i, full) for i in range(full["max_iters"] + 1)],
+                     color="black", lw=1.2, label="target")
+            for j, n in enumerate(present):
+                r = s["variants"].get(n)
+                if r is None:
+                    continue
+                c = colors[j % len(colors)]
+                ls = "--" if n == "width-restart-keeplr" else "-"
+                ax2.plot([x - r["grown_at"] + r["position_after_growth"] for x, _ in r["lr_curve"]],
+                         [y for _, y in r["lr_curve"]], color=c, lw=1, ls=ls, label=n)
+                if r["asymmetry"]:
+                    ax3.plot([int(o) for o in r["asymmetry"]], list(r["asymmetry"].values()), "o-", color=c, lw=1,
+                             ms=3, ls=ls, label=n)
+            ax2.set_xlabel("position in the target's schedule (iterations)")
+            ax2.set_ylabel("learning rate")
+            ax2.set_title("LR after growth (against the target's schedule)", fontsize=9)
+            ax2.legend(fontsize=7)
+            ax3.set_xlabel("iterations after growth")
+            ax3.set_ylabel("RMS(h1 - h2) / RMS(h)")
+            ax3.set_title("half-asymmetry of the final hidden state (fixed test windows)", fontsize=9)
+            ax3.legend(fontsize=7)
+        fig.tight_layout()
+        path = f"{prefix}{suffix}.png"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
 
 
 def main(argv=None):
-    p = ArgParser(description="staged training experiment (width and depth growth vs a target from scratch)")
+    p = ArgParser(description="staged training experiment: width, depth and width+depth growth and the restart "
+                  "variants vs a target from scratch, at equal compute, over seeds")
     p.add_argument("--data_cache_dir", default=os.path.join(REPO, "data", "staged"))
     p.add_argument("--out_dir", default=os.path.join(REPO, "out", "staged"))
-    p.add_argument("--plot", default="", help="default: docs/staged_training.png (_at<N> with --grow_at)")
+    p.add_argument("--plots", default=os.path.join(REPO, "docs", "staged_training"),
+                   help="plot files <plots>.png and <plots>_width.png; '' = none")
     p.add_argument("--max_iters", type=int, default=600)
     p.add_argument("--eval_interval", type=int, default=20)
     p.add_argument("--rewarmup_iters", type=int, default=20)
-    p.add_argument("--variants", default="width,depth")
+    p.add_argument("--variants", default=MAIN, help=f"comma-separated, from {', '.join(VARIANTS)}")
+    p.add_argument("--seeds", default="1337,1338,1339")
     p.add_argument("--grow_at", type=int, default=0, help="grow at this iteration instead of by the slope rule")
-    p.add_argument("--reuse_target", action="store_true", help="reuse the target run already in out_dir")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse the target and small runs and the finished variants in out_dir (resume an interrupted run)")
+    p.add_argument("--report", action="store_true", help="only print the tables and plot from out_dir's results")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
-    tag = f"_at{a.grow_at}" if a.grow_at else ""
-    a.plot = a.plot or os.path.join(REPO, "docs", f"staged_training{tag}.png")
+    unknown = [n for n in a.variants.split(",") if n not in VARIANTS]
+    if unknown:
+        raise UserError(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.time()
-    prepare_data(a.data_cache_dir)
-    cfg = common_config(a)
-    target_dir = os.path.join(a.out_dir, "target")
-    if not a.reuse_target:
-        train_run(dict(cfg, **TARGET), out_dir=fresh(target_dir))
-    results = {"target": {"label": "(a) target from scratch", "curve": curve([(target_dir, 0, TARGET)], cfg)}}
-    for k, name in enumerate(a.variants.split(",")):
-        results[name] = staged_run(name, a, cfg)
-        results[name]["label"] = f"({'bc'[k]}) {name}-grown at {results[name]['grown_at']}"
-    final = results["target"]["curve"][-1]
-    print(f"\n(a) target from scratch: final test loss {final[2]:.4f} after {final[1]:.3e} FLOPs ({final[0]} iterations)")
-    for name, r in results.items():
-        c = flops_to_reach(r["curve"], final[2])
-        r["flops_to_target_loss"] = c
-        r["saving"] = None if c is None else 1 - c / final[1]
-        last = r["curve"][-1]
-        extra = ""
-        if name != "target":
-            # the empirical constant: S_pre over the iteration at which (a) reaches the small model's loss
-            s_eq = iteration_reaching(results["target"]["curve"], r["loss_at_growth"][0])
-            r["empirical_c"] = r["grown_at"] / s_eq if s_eq else None
-            before, after = r["loss_at_growth"]
-            r["target_loss_at_same_flops"] = loss_at(results["target"]["curve"], last[1])
-            same = r["target_loss_at_same_flops"]
-            extra = (f"; (a) at the same FLOPs: {'-' if same is None else f'{same:.4f}'}; slope-rule point {r['s_pre']}, "
-                     f"grown at iteration {r['grown_at']} (test loss {before:.4f} -> {after:.4f}), "
-                     f"empirical c = {r['empirical_c'] or float('nan'):.2f}")
-        reach = "never reached" if c is None else f"{c:.3e} FLOPs, saving {100 * r['saving']:+.1f}%"
-        print(f"  {name:7s} final loss {last[2]:.4f} at {last[1]:.3e} FLOPs; reaches {final[2]:.4f} at: {reach}{extra}")
-    os.makedirs(a.out_dir, exist_ok=True)
-    with open(os.path.join(a.out_dir, f"results{tag}.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    plot(results, a.plot, final[2])
-    print(f"plot: {a.plot}; results: {os.path.join(a.out_dir, f'results{tag}.json')}; {time.time() - t0:.0f} s")
+    if not a.report:
+        prepare_data(a.data_cache_dir)
+        for seed in a.seeds.split(","):
+            run_seed(int(seed), a)
+    summarize(a)
+    print(f"{time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":
