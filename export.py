@@ -4,7 +4,7 @@
     python export.py out/model.bin --version=1 --checkpoint=out/ckpt.pt   # llama2.c fp32 + header
     python export.py out/model.bin --version=2 --checkpoint=out/ckpt.pt   # llama2.c runq.c, int8 Q8_0
     python export.py out/hf --version=-1 --checkpoint=out/ckpt.pt [--tokenizer=tok.model]  # HF Llama dir
-    python export.py --tokenizer=data/tok8192.model [out/tok8192.bin]     # run.c tokenizer .bin
+    python export.py --tokenizer=tokenizers/tok8192.model out/tok8192.bin  # run.c tokenizer .bin
     python export.py out/imported --import_hf=path/to/hf_llama_dir        # HF Llama -> ckpt.pt
     python export.py out/imported --import_bin=model.bin                  # llama2.c .bin -> ckpt.pt
 

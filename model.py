@@ -176,10 +176,12 @@ def linear_cross_entropy(h, weight, targets, loss_weights=None):
 
 
 class KVCache:
-    """Preallocated keys/values of every layer for incremental decoding.
+    """Preallocated keys/values of every layer for incremental decoding, kept in a ring of
+    `capacity` slots: the i-th position written goes to slot i % capacity, so a context window
+    that slides past `capacity` overwrites its oldest positions instead of growing.
 
-    `length` is the number of positions already cached; `key_valid` (B, capacity) marks the
-    cached positions that may be attended to (False for left padding of shorter prompts).
+    `length` counts the positions written so far. `key_valid` (B, capacity) is the caller's mask
+    of which slots each row may attend to (generate keeps it: padding, the window's start).
     """
 
     def __init__(self, args: ModelArgs, batch_size: int, capacity: int, device, dtype):
@@ -191,12 +193,29 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
+    def filled(self, new=0):
+        """Slots holding a position once `new` more are written (all of them after a wrap)."""
+        return min(self.length + new, self.capacity)
+
     def update(self, layer_id: int, k, v):
-        """Store k, v (B, kv_heads, T, hd) at the current position; return everything cached."""
-        start, end = self.length, self.length + k.shape[2]
+        """Store k, v (B, kv_heads, T, hd) at the next slots; return every filled slot. Several
+        positions at once (a prefill) must fit before the ring's end."""
+        start = self.length % self.capacity
+        end = start + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"{k.shape[2]} new positions at slot {start} overrun a KV cache of {self.capacity}")
         self.k[layer_id, :, :, start:end] = k
         self.v[layer_id, :, :, start:end] = v
-        return self.k[layer_id, :, :, :end], self.v[layer_id, :, :, :end]
+        n = self.filled(k.shape[2])
+        return self.k[layer_id, :, :, :n], self.v[layer_id, :, :, :n]
+
+    def copy_rows(self, rows, slots, other: "KVCache"):
+        """Put all of `other`'s positions (every layer) into rows `rows`, slots `slots` of this
+        cache: (n,) and (other.length,) long tensors."""
+        r, s = rows[:, None], slots[None, :]
+        # advanced indices split by a slice: the result's dims are (rows, slots, layer, head, hd)
+        self.k[:, r, :, s] = other.k[:, :, :, :other.length].permute(1, 3, 0, 2, 4)
+        self.v[:, r, :, s] = other.v[:, :, :, :other.length].permute(1, 3, 0, 2, 4)
 
 
 class Attention(nn.Module):
@@ -406,42 +425,79 @@ class Transformer(nn.Module):
 
     @torch.no_grad()  # not inference_mode: callers may feed the output back into training
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt_mask=None,
-                 generator=None, use_cache=True):
-        """Sample `max_new_tokens` after the prompts `idx` (B, T); temperature 0 is greedy.
+                 generator=None, stop_token=None):
+        """Sample up to `max_new_tokens` after the prompts `idx` (B, T); temperature 0 is greedy.
 
         Prompts of different lengths are left-padded and marked by `prompt_mask` (B, T, True on
         real tokens): padding is never attended to and positions start at each prompt's first
         real token, so every row is generated exactly as if it were alone.
-        Beyond max_seq_len the context is cropped to the last max_seq_len tokens, as llama2.c's
-        generate does (positions restart at the window's first token; no cache from then on).
-        Returns (B, T + max_new_tokens) with the prompts included.
+
+        Context window (L = max_seq_len). A row's next token is predicted from a window of its
+        last tokens at positions 0, 1, ... from the window's first token, decoded one token per
+        step over a KV cache. While a row holds at most L tokens the window is all of them (what
+        llama2.c's generate computes too). When one more token would make the window longer
+        than L, it restarts from the row's last L // 2 tokens: those are re-encoded in one
+        forward pass (a refill: fresh keys and values, positions from 0 again) and decoding
+        continues cached, so past L a row refills every L - L // 2 + 1 tokens and always sees
+        between L // 2 and L of its last tokens. (llama2.c re-encodes the last L tokens at every
+        step past L: L times the work per token.) A prompt longer than L starts from its last L.
+
+        Stopping. With `stop_token` (the generation evaluation passes BOS, which starts the next
+        story), a row ends when it samples that token: the token is kept and every later
+        position of the row holds stop_token too. Every 16 steps (the only host sync) generation
+        stops when all rows have ended, and the output is cut after the last row's stop token;
+        the generator is then advanced as if every step had been sampled, so what is drawn from
+        it afterwards does not depend on when the batch stopped.
+
+        Returns (B, T + n) with the prompts included: n = max_new_tokens unless all rows ended.
         """
         B, T = idx.shape
-        L = self.params.max_seq_len
-        total = T + max_new_tokens
-        padded = prompt_mask is not None and not bool(prompt_mask.all())
-        if padded:
-            valid = torch.ones(B, total, dtype=torch.bool, device=idx.device)
-            valid[:, :T] = prompt_mask
-        dtype = next(self.parameters()).dtype
-        # the cache serves until the window starts to slide (a prompt of L tokens or more: never)
-        cache = KVCache(self.params, B, min(total, L), idx.device, dtype) if use_cache and T < L else None
-        out = idx
-        for step in range(max_new_tokens):
-            n = out.shape[1]
-            if cache is not None and n > cache.capacity:
-                cache = None  # the window slides: every step re-reads the last L tokens
-            w0 = 0 if cache is not None else max(0, n - L)  # first token of the context window
-            q0 = n - 1 if (cache is not None and step > 0) else w0  # with the cache: the newest token only
-            mask = pos = None
-            if padded:
-                # causal & key-is-real; a padding query attends to itself so no row is empty
-                keys = valid[:, w0:n]
-                causal = torch.ones(n - q0, n - w0, dtype=torch.bool, device=idx.device).tril(q0 - w0)
-                itself = torch.eye(n - w0, dtype=torch.bool, device=idx.device)[q0 - w0:]
-                mask = (causal[None] & keys[:, None, :]) | itself[None]
-                pos = (keys.long().cumsum(1) - 1).clamp_min(0)[:, q0 - w0:]
-            logits = self(out[:, q0:], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
+        if max_new_tokens <= 0:
+            return idx
+        L, dev = self.params.max_seq_len, idx.device
+        keep, new = max(1, L // 2), max_new_tokens
+        pads = [0] * B
+        if prompt_mask is not None:
+            real = prompt_mask.to(device=dev, dtype=torch.bool)
+            count = real.sum(1)
+            if not torch.equal(real, torch.arange(T, device=dev)[None] >= (T - count)[:, None]) or not bool(count.all()):
+                raise ValueError("prompt_mask must mark at least one real token per row, after its left padding")
+            pads = (T - count).tolist()  # the one host read of the set-up
+
+        # the schedule, known in advance: columns are the padded token indices; a row's window
+        # holds columns [start, n] when column n is fed (step n - T + 1). It starts with the
+        # prompt's last L tokens at most, and restarts at n - keep + 1 when n - start reaches L.
+        start0 = torch.tensor([max(p, T - L) for p in pads])
+        c0 = int(start0.min())  # the first column the cache holds
+        cache = KVCache(self.params, B, min(L, T - c0 + new - 1), dev, next(self.parameters()).dtype)
+        cols = torch.arange(T, T + new - 1)[:, None]  # the column fed at steps 1 .. new - 1
+        past = cols - start0[None] - L  # >= 0: the row has outgrown its first window
+        period = L - keep + 1
+        refill = (past >= 0) & (past % period == 0)
+        start = torch.where(past >= 0, cols - keep + 1 - past.clamp_min(0) % period, start0[None])
+        positions = (cols - start).to(dev)  # (new - 1, B), all below L
+        refills = {}
+        for s, row in refill.nonzero().tolist():
+            refills.setdefault(s + 1, []).append(row)
+
+        out = torch.empty(B, T + new, dtype=idx.dtype, device=dev)
+        out[:, :T] = idx
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        # step 0 encodes the prompts' windows; masks and positions only where rows differ
+        # (`plain`: every row's window is the whole cache in order, as for unpadded prompts)
+        plain = bool((start0 == c0).all())
+        mask = pos = None
+        if not plain:
+            c = torch.arange(c0, T, device=dev)[None] - start0.to(dev)[:, None]
+            window = c >= 0  # real and inside the window
+            cache.key_valid[:, :T - c0] = window
+            # causal & key-in-window; a padding query attends to itself so no row is empty
+            causal = torch.ones(T - c0, T - c0, dtype=torch.bool, device=dev).tril()
+            mask = (causal[None] & window[:, None, :]) | torch.eye(T - c0, dtype=torch.bool, device=dev)[None]
+            pos = c.clamp_min(0)
+        logits = self(idx[:, c0:], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
+        step = 0
+        while True:
             if temperature == 0.0:
                 next_tok = torch.argmax(logits, dim=-1, keepdim=True)
             else:
@@ -451,5 +507,50 @@ class Transformer(nn.Module):
                     logits[logits < v[:, [-1]]] = -float("inf")
                 probs = F.softmax(logits, dim=-1)
                 next_tok = torch.multinomial(probs, num_samples=1, generator=generator)
-            out = torch.cat((out, next_tok), dim=1)
-        return out
+            if stop_token is not None:
+                next_tok = next_tok.masked_fill(done[:, None], stop_token)
+                done |= next_tok[:, 0] == stop_token
+            out[:, T + step] = next_tok[:, 0]
+            step += 1
+            if step == new:
+                break
+            if stop_token is not None and step % 16 == 0 and bool(done.all()):
+                if temperature != 0.0:  # the draws multinomial would have made
+                    burn = torch.empty(B, logits.size(-1), device=dev)
+                    for _ in range(new - step):
+                        burn.exponential_(generator=generator)
+                break
+
+            n = T + step - 1  # the column fed now: the token just sampled
+            rows = refills.get(step, [])
+            if rows:
+                plain = False  # windows differ from here on: masks and positions from the schedule
+                if stop_token is not None:  # ended rows are not worth a refill
+                    live = (~done).tolist()
+                    rows = [i for i in rows if live[i]]
+            if len(rows) < B:
+                cache.key_valid[:, (n - c0) % cache.capacity] = True
+                if not plain:
+                    mask, pos = cache.key_valid[:, None, :cache.filled(1)], positions[step - 1, :, None]
+                logits = self(out[:, n:n + 1], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
+            else:  # every row refills: nothing to decode
+                cache.length += 1
+            if rows:
+                # the refilled rows' decoding above is discarded: the keep-token re-encoding
+                # replaces their logits, their cached keys/values and their window's mask
+                r = torch.tensor(rows, device=dev)
+                sub = KVCache(self.params, len(rows), keep, dev, cache.k.dtype)
+                sub_logits = self(out[r, n - keep + 1:n + 1], kv_cache=sub)[:, -1, :]
+                if len(rows) == B:
+                    logits = sub_logits
+                else:
+                    logits[r] = sub_logits
+                slots = (torch.arange(n - keep + 1, n + 1, device=dev) - c0) % cache.capacity
+                cache.copy_rows(r, slots, sub)
+                cache.key_valid[r] = False
+                cache.key_valid[r[:, None], slots[None, :]] = True
+        if stop_token is not None and bool(done.all()):
+            # cut after the last row's stop token (the same whenever the check ran)
+            ended = (out[:, T:T + step] == stop_token).int().argmax(1)
+            step = int(ended.max()) + 1
+        return out[:, :T + step]

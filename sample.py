@@ -5,8 +5,9 @@
 
 `--start` is the prompt (a literal "\\n" in it is a newline; FILE:path reads it from a file);
 BOS is prepended as in training. The tokenizer is the one the checkpoint was trained with
-(`data_cache_dir` / `vocab_size` / `tokenizer_model` of its config) unless --tokenizer_model says
-otherwise. The story ends where the model starts the next example (BOS). The flags are
+(`data_cache_dir` / `vocab_size` / `tokenizer_model` of its config, else the shipped
+tokenizers/tok{V}.model or, for Llama 2 vocabularies, tokenizers/tokenizer.model: tinylab/tokenizer.py)
+unless --tokenizer_model says otherwise. The story ends where the model starts the next example (BOS). The flags are
 tinylab/schema.py's SAMPLE.
 """
 import sys
@@ -39,10 +40,11 @@ def main(argv=None):
     new = a.max_new_tokens
     if len(ids) + new > model.params.max_seq_len:
         print(f"notice: prompt + {new} tokens exceed max_seq_len={model.params.max_seq_len}; beyond it the model "
-              f"sees only the last {model.params.max_seq_len} tokens (as llama2.c)", file=sys.stderr)
+              f"sees only its last {model.params.max_seq_len // 2} to {model.params.max_seq_len} tokens", file=sys.stderr)
     gen = torch.Generator(device=device).manual_seed(a.seed)
     x = torch.tensor([ids] * a.num_samples, dtype=torch.long, device=device)
-    out = model.generate(x, new, temperature=a.temperature, top_k=a.top_k or None, generator=gen)
+    out = model.generate(x, new, temperature=a.temperature, top_k=a.top_k or None, generator=gen,
+                         stop_token=tok.bos_id)  # a story ends where the next one starts
     for row in out.tolist():
         story = row[len(ids):]
         if tok.bos_id in story:

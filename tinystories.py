@@ -9,9 +9,10 @@
 
 Layout under --data_cache_dir:
     TinyStories_all_data/dataNN.json      raw shards (download or synthesize)
-    tok{V}.model, tok{V}.vocab            tokenizer (train_vocab, or the released tok8192 copied in)
+    tok{V}.model, tok{V}.vocab            tokenizer from train_vocab (without one: tokenizers/tok{V}.model,
+                                          e.g. the study's released tok8192, which ships)
     tok{V}/{dataset_name}/dataNN.bin      uint16 tokens, BOS before each example, + manifest.json
-    llama2/{dataset_name}/                the same for --vocab_size=0 (--tokenizer_model=Llama 2)
+    llama2/{dataset_name}/                the same for --vocab_size=0 (the Llama 2 tokenizers/tokenizer.model)
 
 Everything written is atomic: files go to a temp name and are renamed, dataset and raw folders
 are built in a hidden temp folder and renamed when complete, so an interrupted command never
@@ -46,8 +47,8 @@ def build_parser():
     p.add_argument("stage", choices=list(STAGE_FLAGS))
     p.add_argument("--data_cache_dir", default="data", help="where raw shards, tokenizers and datasets live")
     p.add_argument("--vocab_size", type=int, default=0,
-                   help="tokenizer size; 0 = the Llama 2 tokenizer given with --tokenizer_model")
-    p.add_argument("--tokenizer_model", default=None, help="explicit tokenizer .model (required for --vocab_size=0)")
+                   help="tokenizer size; 0 = the Llama 2 tokenizer (shipped: tokenizers/tokenizer.model)")
+    p.add_argument("--tokenizer_model", default=None, help="explicit tokenizer .model (default: <data_cache_dir>/tok{V}.model, else tokenizers/)")
     p.add_argument("--filtering", default=None, help="e.g. features!=Twist,features=Foreshadowing,words=dog,length=300")
     p.add_argument("--mix_match", default=None, help="e.g. features=Foreshadowing:Twist (relabel in the prompt)")
     p.add_argument("--adversarial_training", default=None, help="e.g. features=Twist:1.0 (add label, keep story)")

@@ -8,11 +8,14 @@ Config keys and defaults follow the fine-tuning study's train.py (itself llama2.
 declared, with their allowed values, in tinylab/schema.py (TRAIN). The loop is tinylab/trainer.py's
 (shared with finetune_t0.py); what is specific to language modelling on TinyStories datasets, the
 evaluation losses on named datasets and the generation evaluation, is tinylab/lm_eval.py's.
+probes=True / lenses=True train the original's per-layer heads on the frozen model instead
+(tinylab/probes.py; docs/evaluation.md).
 """
 from tinylab.errors import UserError, cli_main
 from tinylab.growth_hook import GrowthHook
 from tinylab.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
 from tinylab.pretokenized import BatchLoader, check_dataset, dataset_dir
+from tinylab.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.schema import TRAIN
 from tinylab.trainer import (
     Run,
@@ -37,6 +40,13 @@ def main(argv=None):
     for name in cfg["eval_dataset_names"]:
         check_dataset(cfg["data_cache_dir"], layout_vocab, name, cfg["tokenizer_model"] or None)
     tokenizer = lm_tokenizer(cfg)
+    if cfg["probes"]:  # their labels are the examples' Features lines
+        check_feature_labels(dataset_dir(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"]), "train", tokenizer,
+                             f"probes=True: dataset_name={cfg['dataset_name']}", cfg["split_shards_pretrain"],
+                             cfg["pretraining"])
+        for name in cfg["eval_dataset_names"]:
+            check_feature_labels(dataset_dir(cfg["data_cache_dir"], layout_vocab, name), "test", tokenizer,
+                                 f"probes=True: eval_dataset_names {name}")
     run = Run(cfg)
     with open_run_folder(cfg, run) as run_dir:
         seed_everything(cfg["seed"])  # identical initial weights on every rank
@@ -44,15 +54,21 @@ def main(argv=None):
         if model.params.vocab_size != manifest["vocab_size"]:
             raise UserError(f"model vocabulary ({model.params.vocab_size}) does not match dataset "
                             f"'{cfg['dataset_name']}' (vocab {manifest['vocab_size']})")
+        heads = heads_for_config(cfg, model, ckpt)  # probes / lenses: trained instead of the (frozen) model
         seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
         batches = BatchLoader(dataset_dir(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"]), "train",
                               cfg["batch_size"], cfg["max_seq_len"], seed=cfg["seed"], rank=run.dist.rank,
                               world_size=run.dist.world_size, split_shards_pretrain=cfg["split_shards_pretrain"],
-                              pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device)
-        evaluator = LMEvaluator(cfg, run, tokenizer)
+                              pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device,
+                              split_on_bos=cfg["probes"])  # probes read each window's story
+        if heads is None:
+            evaluator = LMEvaluator(cfg, run, tokenizer)
+        else:
+            batches, evaluator = heads.batches(batches, tokenizer), HeadsEvaluator(cfg, run, tokenizer, heads)
         trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
                           generation_every=cfg["generation_eval_interval_multiplier"],
-                          batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"])
+                          batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"],
+                          heads=heads)
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "

@@ -1,19 +1,37 @@
-# 210M-parameter model of the fine-tuning study (longer context).
-out_dir = "out/base210M"
+# The original study's configs/base210M.py (RobertKirk/tinystories-wrappers) with its values;
+# only the paths are made relative (data_cache_dir under data/). out_dir is
+# <data_cache_dir>/<wandb_run_name>/out, as there.
+#   python train.py configs/base210M.py --dataset_name=pretrain-all
+import os
+from datetime import datetime
+
+log_interval = 10
+init_from = "scratch"  # 'scratch' or 'resume'
+
+# wandb logging
+wandb_log = True
+wandb_project = "tinystories-uft"
+wandb_run_name = "base91M-train-" + datetime.now().strftime("%Y_%m_%d_%H_%M_%S")
+wandb_entity = "ucl-dark"
+
+# data
+batch_size = 128  # if gradient_accumulation_steps > 1, this is the micro-batch size
+max_seq_len = 1024
 vocab_source = "custom"
 vocab_size = 8192
+data_cache_dir = "data"
+
+# model
 dim = 1024
 n_layers = 16
 n_heads = 16
 n_kv_heads = 16
 multiple_of = 64
-max_seq_len = 1024
-batch_size = 128
-gradient_accumulation_steps = 1
-learning_rate = 1e-4
-max_iters = 30000
-warmup_iters = 1000
-min_lr = 0.0
-eval_interval = 2000
-eval_iters = 100
-compile = True
+
+# adamw optimizer
+gradient_accumulation_steps = 1  # used to simulate larger batch sizes
+learning_rate = 1e-4  # max learning rate
+max_iters = 30000  # total number of training iterations
+
+# output directory
+out_dir = os.path.join(data_cache_dir, wandb_run_name, "out")

@@ -1,20 +1,37 @@
-# 8M-parameter pretraining model of the fine-tuning study (llama2.c's 15M shape with vocab 8192).
-# python train.py configs/base8M.py --out_dir=out/base8M
-out_dir = "out/base8M"
+# The original study's configs/base8M.py (RobertKirk/tinystories-wrappers) with its values;
+# only the paths are made relative (data_cache_dir under data/). out_dir is
+# <data_cache_dir>/<wandb_run_name>/out, as there.
+#   python train.py configs/base8M.py --dataset_name=pretrain-all
+import os
+from datetime import datetime
+
+log_interval = 10
+init_from = "scratch"  # 'scratch' or 'resume'
+
+# wandb logging
+wandb_log = True
+wandb_project = "tinystories-uft"
+wandb_run_name = "base8M-train-" + datetime.now().strftime("%Y_%m_%d_%H_%M_%S")
+wandb_entity = "ucl-dark"
+
+# data
+batch_size = 512  # if gradient_accumulation_steps > 1, this is the micro-batch size
+max_seq_len = 256
 vocab_source = "custom"
 vocab_size = 8192
+data_cache_dir = "data"
+
+# model
 dim = 288
 n_layers = 6
 n_heads = 6
 n_kv_heads = 6
 multiple_of = 32
-max_seq_len = 256
-batch_size = 512
-gradient_accumulation_steps = 1
-learning_rate = 5e-4
-max_iters = 100000
-warmup_iters = 1000
-min_lr = 0.0
-eval_interval = 2000
-eval_iters = 100
-compile = True  # GPU; set --compile=False on CPU
+
+# adamw optimizer
+gradient_accumulation_steps = 1  # used to simulate larger batch sizes
+learning_rate = 5e-4  # max learning rate
+max_iters = 100000  # total number of training iterations
+
+# output directory
+out_dir = os.path.join(data_cache_dir, wandb_run_name, "out")

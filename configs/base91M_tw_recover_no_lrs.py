@@ -1,23 +1,51 @@
-# Recovery fine-tuning: fine-tune a deleted model on genuine Twist stories (constant LR).
-#   python train.py configs/base91M_tw_recover_no_lrs.py --model_dir=out/delete/filter-adv-Twist_lr1e-05
-init_from = "resume_model"
-model_dir = "out/delete/filter-adv-Twist_lr1e-05"
-out_dir = "out/recover/{model_dir}_lr{learning_rate}"
+# The original study's configs/base91M_tw_recover_no_lrs.py (RobertKirk/tinystories-wrappers) with its values;
+# only the paths are made relative (data_cache_dir under data/). out_dir is
+# <data_cache_dir>/<wandb_run_name>/out, as there.
+#   python train.py configs/base91M_tw_recover_no_lrs.py --model_dir=DELETED_RUN/out
+#     (sweeps/recovery.yaml)
+import os
+from datetime import datetime
+
+log_interval = 10
+init_from = "resume_model"  # 'scratch' or 'resume'
 dataset_name = "specialise-Twist"
-eval_dataset_names = ["filter-Twist", "filter-adv-Twist"]
+eval_dataset_names = "filter-Twist,filter-adv-Twist"
+generation_eval_iters = 1
+eval_iters = 10
+wandb_tags = "exp2,recovery,twist-recovery"
+eval_interval = 200
+finegrained_log_iters = 200
+generation_eval_interval_multiplier = 5
+checkpoint_interval = 2500
+eval_batch_size = 512
+generation_eval_batch_size = 128
+
+# wandb logging
+wandb_log = True
+wandb_project = "tinystories-uft"
+wandb_run_name = "base91M-train-" + datetime.now().strftime("%Y_%m_%d_%H_%M_%S_%f")[:-3]
+wandb_entity = "ucl-dark"
+
+# data
+batch_size = 128  # if gradient_accumulation_steps > 1, this is the micro-batch size
+max_seq_len = 1024
 vocab_source = "custom"
 vocab_size = 8192
-max_seq_len = 1024
-batch_size = 128
-gradient_accumulation_steps = 1
-learning_rate = 1e-5
+data_cache_dir = "data"
+
+# model
+dim = 768
+n_layers = 12
+n_heads = 12
+n_kv_heads = 12
+multiple_of = 64
+
+# adamw optimizer
+gradient_accumulation_steps = 1  # used to simulate larger batch sizes
+learning_rate = 0.00001  # max learning rate
+max_iters = 4000  # total number of training iterations
 lr_scheduling = False
 warmup_iters = 0
-max_iters = 4000
-eval_interval = 300
-eval_iters = 10
-checkpoint_interval = 2500
-generation_eval_interval_multiplier = 5
-finegrained_log_iters = 300
-generation_batch_size = 16
-compile = True
+
+# output directory
+out_dir = os.path.join(data_cache_dir, wandb_run_name, "out")

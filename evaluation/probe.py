@@ -11,7 +11,8 @@ adversarial one). Each transformer block gets its own bias-free linear head dim 
 mean of that block's output at the last --pool real positions; the loss is the sum over heads of
 BCE-with-logits, Adam at a constant learning rate, on pooled states computed once (the model is
 frozen). Reported: held-out accuracy (logit > 0) per layer and feature, with the majority-class
-baseline in the summary.
+baseline in the summary. The heads, pooling, loss and accuracy are tinylab/probes.py's, the same
+as train.py's in-loop probes (probes=True), which train on blocks 0..n_layers-2 of a frozen model.
 Last stdout line: {"layers": [{"layer", "feature", "acc"}, ...]}.
 """
 import os
@@ -23,7 +24,7 @@ from tinylab.config import Key
 from tinylab.errors import cli_main
 from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
 from tinylab.pretokenized import check_dataset, dataset_dir
-from tinylab.probes import LABEL_NAMES, layers_json, run_probes
+from tinylab.probes import LABEL_NAMES, POOL, check_feature_labels, layers_json, run_probes
 from tinylab.schema import EVAL
 
 SCHEMA = EVAL.derive("evaluation/probe.py", sections=[("probes", [
@@ -34,7 +35,7 @@ SCHEMA = EVAL.derive("evaluation/probe.py", sections=[("probes", [
     Key("iters", 2000, "Adam steps of the probes", range="[1, inf)"),
     Key("lr", 1e-3, "the probes' learning rate", range="(0, inf)"),
     Key("probe_batch_size", 128, "pooled states per probe step", range="[1, inf)"),
-    Key("pool", 10, "mean over this many last real positions", range="[1, inf)"),
+    Key("pool", POOL, "mean over this many last real positions", range="[1, inf)"),
 ])])
 
 
@@ -43,6 +44,7 @@ def main(argv=None):
     model, ckpt, tok = load_for_args(a)
     cache, vocab = cache_dir_of(ckpt, a.data_cache_dir), layout_vocab(ckpt, tok)
     check_dataset(cache, vocab, a.dataset, tok.model_path)
+    check_feature_labels(dataset_dir(cache, vocab, a.dataset), "train", tok, f"--dataset={a.dataset}")
     import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
     torch.manual_seed(a.seed)
     r = run_probes(model, tok, dataset_dir(cache, vocab, a.dataset), a.num_train, a.num_test, a.iters, a.lr,

@@ -129,7 +129,8 @@ def train_argv(corpus, out_dir=None, **over):
     cfg = dict(data_cache_dir=corpus.cache_dir, vocab_size=VOCAB, dataset_name=corpus.dataset_name, out_dir=out_dir,
                dim=16, n_layers=1, n_heads=2, n_kv_heads=1, multiple_of=16, max_seq_len=32, batch_size=2,
                gradient_accumulation_steps=1, learning_rate=1e-3, warmup_iters=0, max_iters=2, eval_interval=2,
-               eval_iters=1, log_interval=1, max_new_tokens=0, device="cpu", dtype="float32")
+               eval_iters=1, log_interval=1, max_new_tokens=0, device="cpu", dtype="float32",
+               export_bin=False)  # no model.bin: the full-disk cases copy the run onto a 2 MB disk
     cfg.update(over)
     return [f"--{k}={v}" for k, v in cfg.items()]
 
@@ -540,7 +541,7 @@ CASES = [
     # ------------------------------------------------------------------ evaluation/eval_features.py
     Case("features-unknown-feature", "evaluation/eval_features.py", lambda x: EV(x, "--feature=Plot", "--prompts_from=x"),
          "--feature='Plot': must be one of"),
-    Case("features-no-prompts", "evaluation/eval_features.py", lambda x: EV(x), "arguments are required: --prompts_from"),
+    Case("features-no-prompts", "evaluation/eval_features.py", lambda x: EV(x), "give --prompts_from=DATASET"),
     Case("features-num-samples", "evaluation/eval_features.py", lambda x: EV(x, "--prompts_from=x", "--num_samples=0"),
          "--num_samples=0"),
     Case("features-missing-dataset", "evaluation/eval_features.py", lambda x: EV(x, "--prompts_from=nope"), "not found"),

@@ -11,7 +11,7 @@ from conftest import LLAMA2_TOKENIZER, TOK8192, assert_one_line_error, run_main
 from tinylab import tinystories_data as tinystories
 from tinylab.dataset_spec import parse_spec
 from tinylab.errors import UserError
-from tinylab.tokenizer import Tokenizer
+from tinylab.tokenizer import Tokenizer, file_sha256
 
 LLAMA2 = LLAMA2_TOKENIZER
 
@@ -148,8 +148,9 @@ def test_vocab0_llama2_goes_to_its_own_folder(tmp_path):
     cache = make_cache(tmp_path, [RECORDS, RECORDS], tokenizer=None)
     m = tinystories.pretokenize(cache, 0, parse_spec(filtering="features!=Twist"), dataset_name="a",
                                 workers=1, tokenizer_model=LLAMA2)
-    tinystories.pretokenize(cache, 0, parse_spec(filtering="features=Twist"), dataset_name="b",
-                            workers=1, tokenizer_model=LLAMA2)
+    # without --tokenizer_model, vocab 0 is the shipped tokenizers/tokenizer.model (the same file)
+    mb = tinystories.pretokenize(cache, 0, parse_spec(filtering="features=Twist"), dataset_name="b", workers=1)
+    assert mb["tokenizer"]["sha256"] == m["tokenizer"]["sha256"] == file_sha256(LLAMA2)
     assert sorted(os.listdir(os.path.join(cache, "llama2"))) == ["a", "b"]
     assert not any(f.endswith(".bin") for f in os.listdir(os.path.join(cache, "TinyStories_all_data")))
     assert (m["vocab_size"], m["vocab_size_flag"]) == (32000, 0)
@@ -194,7 +195,7 @@ BAD = [
     (["--vocab_size=512"], "ok", ["tok512.model not found", "train_vocab"]),
     (["--vocab_size=4096"], "ok", ["8192 pieces", "--vocab_size=4096"]),
     (["--vocab_size=70000"], "ok", ["65536"]),
-    (["--vocab_size=0"], "ok", ["--tokenizer_model"]),
+    (["--vocab_size=0", "--tokenizer_model=no-such.model"], "ok", ["no-such.model not found"]),
     ([], "corrupt", ["corrupt JSON shard", "data01.json"]),
     (["--workers=0"], "ok", ["--workers"]),
     (["--seed=-1"], "ok", ["--seed"]),

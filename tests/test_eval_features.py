@@ -342,6 +342,18 @@ def test_in_training_feature_score(corpus, tmp_path):
         # the judge is named and its held-out accuracy logged next to every score
         assert ev["gen_feature_judge"] == judge.description and "classifier:bow-logreg" in ev["gen_feature_judge"]
         assert ev["gen_feature_judge_accuracy"] == pytest.approx(judge.accuracy)
+    # --tables scores the same logged tables after the fact: the same numbers, appended as new records
+    before = open(os.path.join(out, "metrics.jsonl"), "rb").read()
+    proc = eval_features([f"--tables={out}", "--feature=Twist"], check=True)
+    after = open(os.path.join(out, "metrics.jsonl"), "rb").read()
+    assert after.startswith(before)
+    scored = [r for r in read_metrics(out)[len(rows):]]
+    assert [r["kind"] for r in scored] == ["feature_score"] * 3 and [r["iter"] for r in scored] == [0, 2, 4]
+    for ev, r in zip(evals, scored):
+        assert {k: r[k] for k in ev if k.startswith("gen_feature")} == {k: ev[k] for k in ev if k.startswith("gen_feature")}
+        assert r["feature"] == "Twist" and r["gen_feature_score_n"] > 0 and r["tables"] == os.path.join(out, "metrics.jsonl")
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (last["iter"], last["score"], [p["iter"] for p in last["per_iter"]]) == (4, evals[-1]["gen_feature_score"], [0, 2, 4])
     # plot.py draws the numeric ones and does not offer the judge's name as a curve
     import plot as plot_cli
     plot_cli.main([out, "--metrics=gen_feature_score,gen_feature_judge_accuracy", f"--out={tmp_path}/curves.png"])
@@ -350,3 +362,94 @@ def test_in_training_feature_score(corpus, tmp_path):
         plot_cli.main([out, "--metrics=gen_feature_judge", f"--out={tmp_path}/x.png"])
     bad = dict(args, feature_eval="twist", out_dir=str(tmp_path / "bad"))
     assert_one_line_error(run_main("train.py", [f"--{k}={v}" for k, v in bad.items()]), "feature_eval", "'Twist'")
+
+
+# ---------------------------------------------------------------------- --tables: logged generations, scored later
+
+def twist_rows(corpus, iter_num, n=6):
+    """Generation-table rows as the study's train.py logged them: a prompt asking for a Twist and a
+    raw generation that runs on into the next example's header (which the scorer must cut off)."""
+    stories = [r for r in raw_records(corpus, 0)][:n]
+    return [{"prefix": "Features: Twist\nWords: a, b, c\nStory:", "clean_prefix": "Features: Twist\nWords: a, b, c\nStory:",
+             "generation": " " + r["story"] + "\nSummary: something else\nFeatures: Dialogue", "target": "",
+             "iter_num": iter_num} for r in stories]
+
+
+class FakeArtifact:
+    def __init__(self, name, type_, table):
+        self.name, self.type, self.table = name, type_, table
+
+    def file(self, root):
+        os.makedirs(root, exist_ok=True)
+        path = os.path.join(root, "generations.table.json")
+        with open(path, "w") as f:
+            json.dump({"columns": list(self.table[0]), "data": [list(r.values()) for r in self.table]}, f)
+        return path
+
+
+def test_tables_from_a_wandb_run(corpus, tmp_path, monkeypatch):
+    import sys
+    import types
+    tables = {0: twist_rows(corpus, 0), 2: twist_rows(corpus, 2, 4)}
+    arts = [FakeArtifact(f"run-r1-generationsfilter-adv-Twist:v{k}", "run_table", t) for k, t in enumerate(tables.values())]
+    arts += [FakeArtifact("run-r1-generationsid:v0", "model", tables[0]),  # not a table
+             FakeArtifact("run-r1-othertable:v0", "run_table", tables[0])]  # not a generation table
+    run = types.SimpleNamespace(entity="ent", project="proj", id="r1", config={"data_cache_dir": corpus.cache_dir},
+                                logged_artifacts=lambda: arts)
+    asked, logged = [], []
+
+    class Api:
+        def run(self, path):
+            asked.append(path)
+            if path != "ent/proj/r1":
+                raise ValueError(f"Could not find run {path}")
+            return run
+
+    def init(**kw):
+        logged.append(("init", kw))
+        return types.SimpleNamespace(log=lambda d: logged.append(("log", d)), finish=lambda: logged.append(("finish",)))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(Api=Api, init=init))
+    proc = eval_features(["--tables=https://wandb.ai/ent/proj/runs/r1", "--feature=Twist"], check=True)
+    assert asked == ["ent/proj/r1"]
+    judge = ClassifierJudge.for_data("Twist", corpus.cache_dir)
+    expected = {}
+    for it, rows in tables.items():  # the story is the generation cut at the next example's header
+        verdicts = judge.judge([r["generation"].split("\nSummary:")[0].strip() for r in rows])
+        expected[it] = sum(verdicts) / len(verdicts)
+    assert logged[0] == ("init", {"entity": "ent", "project": "proj", "id": "r1", "resume": "must"})
+    logs = [e[1] for e in logged if e[0] == "log"]
+    assert [d["iter_num_gen"] for d in logs] == [0, 2] and logged[-1] == ("finish",)
+    for d in logs:
+        assert d["gen_feature_score"] == pytest.approx(expected[d["iter_num_gen"]])
+        assert d["gen_feature_score/filter-adv-Twist"] == d["gen_feature_score"]
+        assert d["gen_feature_score_n"] == len(tables[d["iter_num_gen"]])
+        assert all(isinstance(v, (int, float)) for v in d.values())  # wandb gets numbers only
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["score"] == pytest.approx(expected[2])
+    # a run path wandb does not know: one line, nothing logged
+    logged.clear()
+    assert_one_line_error(eval_features(["--tables=ent/proj/nope"]), "cannot read that wandb run", "Could not find")
+    assert logged == []
+
+
+def test_tables_bad_input_writes_nothing(corpus, ckpt, tmp_path):
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text(json.dumps({"iter": 0, "kind": "eval", "loss/test": 3.0}) + "\n")
+    no_twist = tmp_path / "other" / "metrics.jsonl"
+    no_twist.parent.mkdir()
+    rows = [dict(r, prefix="Features: Dialogue\nStory:") for r in twist_rows(corpus, 0, 2)]
+    no_twist.write_text(json.dumps({"iter": 0, "kind": "table", "generations/id": rows}) + "\n")
+    before = {p: p.read_bytes() for p in (log, no_twist)}
+    cases = [
+        ([f"--tables={log}"], "has no generation tables"),
+        ([f"--tables={log.parent}"], "has no generation tables"),
+        ([f"--tables={tmp_path}/missing/metrics.jsonl"], "no metrics.jsonl there"),
+        ([f"--tables={tmp_path}/missing"], "not a wandb run path"),
+        ([f"--tables={no_twist}", "--feature=Twist"], "asks for Twist"),
+        ([f"--tables={no_twist}", "--prompts_from=filter-adv-Twist"], "pass one of them"),
+        ([f"--checkpoint={ckpt}"], "give --prompts_from=DATASET"),
+    ]
+    for argv, fragment in cases:
+        assert_one_line_error(eval_features(argv + ["--out=" + str(tmp_path / "m.json")]), fragment)
+    assert {p: p.read_bytes() for p in (log, no_twist)} == before
+    assert sorted(os.listdir(tmp_path)) == ["other", "run"]

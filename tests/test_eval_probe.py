@@ -57,8 +57,8 @@ def test_probes_find_the_layer_that_holds_the_signal():
     x = torch.randn(n, layers, dim, generator=g)
     directions = torch.randn(dim, 6, generator=g)
     y = (x[:, 1] @ directions > 0).long()
-    w = train_probes(x[:600], y[:600], iters=300, lr=3e-2, batch_size=128)
-    acc = probe_accuracy(w, x[600:], y[600:])
+    probes = train_probes(x[:600], y[:600], iters=300, lr=3e-2, batch_size=128)
+    acc = probe_accuracy(probes.logits(x[600:]), y[600:])
     assert acc.shape == (3, 6)
     assert (acc[1] > 0.9).all(), acc
     assert (acc[0] < 0.75).all() and (acc[2] < 0.75).all(), acc

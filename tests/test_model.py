@@ -141,67 +141,6 @@ def test_fused_head_loss_matches_logits_and_cross_entropy(monkeypatch, weighted,
     assert abs(m.last_loss.item() - ref_loss.item()) < 1e-12
 
 
-@pytest.mark.parametrize("kv", [None, 2])
-def test_kv_cache_generation_equals_no_cache(kv):
-    m = tiny(kv).float()
-    prompt = torch.randint(0, 67, (2, 6))
-    with_cache = m.generate(prompt, 25, temperature=0.0)
-    without = m.generate(prompt, 25, temperature=0.0, use_cache=False)
-    assert torch.equal(with_cache, without)
-    # and greedy decoding really is argmax of the full forward pass
-    logits = m(with_cache[:, :-1], all_logits=True)
-    assert torch.equal(logits[:, 5:].argmax(-1), with_cache[:, 6:])
-    # sampling with the same generator is reproducible, with or without cache
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    s1 = m.generate(prompt, 20, temperature=0.8, top_k=10, generator=g1)
-    s2 = m.generate(prompt, 20, temperature=0.8, top_k=10, generator=g2, use_cache=False)
-    assert torch.equal(s1, s2)
-
-
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_generation_beyond_max_seq_len_crops_the_context_like_llama2c(use_cache):
-    """llama2.c's generate: idx_cond = idx[:, -max_seq_len:], full forward, last logits.
-    Written out here as the reference; prompts of different lengths (left-padded in one batch)
-    give each row's own cropped generation."""
-    m = tiny(2).float()  # max_seq_len 40
-    L = m.params.max_seq_len
-
-    def llama2c_greedy(prompt, new):
-        idx = prompt[None]
-        for _ in range(new):
-            idx_cond = idx if idx.size(1) <= L else idx[:, -L:]
-            logits = m(idx_cond, all_logits=True)[:, -1]
-            idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
-        return idx[0]
-
-    prompts = [torch.randint(0, 67, (n,)) for n in (12, 7)]
-    new = 45  # the window starts to slide after 28 / 33 new tokens
-    longest = max(len(p) for p in prompts)
-    idx = torch.zeros(2, longest, dtype=torch.long)
-    mask = torch.zeros(2, longest, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        idx[i, longest - len(p):], mask[i, longest - len(p):] = p, True
-    out = m.generate(idx, new, temperature=0.0, prompt_mask=mask, use_cache=use_cache)
-    for i, p in enumerate(prompts):
-        assert torch.equal(out[i, longest:], llama2c_greedy(p, new)[len(p):])
-    # a prompt longer than the context is cropped too
-    long_prompt = torch.randint(0, 67, (L + 5,))
-    assert torch.equal(m.generate(long_prompt[None], 6, temperature=0.0, use_cache=use_cache)[0],
-                       llama2c_greedy(long_prompt, 6))
-
-
-def test_left_padded_prompts_generate_as_if_alone():
-    m = tiny(2).float()
-    p1, p2 = torch.randint(0, 67, (1, 4)), torch.randint(0, 67, (1, 9))
-    batch = torch.zeros(2, 9, dtype=torch.long)
-    batch[0, 5:], batch[1] = p1[0], p2[0]
-    mask = batch != 0
-    mask[0, :5], mask[0, 5:], mask[1] = False, True, True
-    out = m.generate(batch, 12, temperature=0.0, prompt_mask=mask)
-    assert torch.equal(out[0, 5:], m.generate(p1, 12, temperature=0.0)[0])
-    assert torch.equal(out[1], m.generate(p2, 12, temperature=0.0)[0])
-
-
 def test_shapes_gqa_and_hidden_rule():
     m = Transformer(ModelArgs(dim=288, n_layers=6, n_heads=6, n_kv_heads=2, vocab_size=8192, multiple_of=32, max_seq_len=256))
     a = m.layers[0].attention
@@ -258,3 +197,168 @@ def test_bad_checkpoints_are_user_errors(tmp_path):
     ckpt = {"model": m.state_dict(), "model_args": {**ckpt_lib.model_args_dict(m), "dim": 64}}
     with pytest.raises(UserError, match="shape"):
         ckpt_lib.model_from_checkpoint(ckpt)
+
+
+# ---------------------------------------------------------------------- generation
+
+def reference_generate(m, prompts, new, temperature=0.0, top_k=None, generator=None, stop_token=None):
+    """generate's documented behaviour, written plainly: every row alone, no KV cache. Before
+    each token a row's window (its last tokens, positions from 0) is recomputed from scratch
+    with reference_logits; a window that would pass max_seq_len tokens restarts from the last
+    max_seq_len // 2; a prompt starts from its last max_seq_len. The rows' logits are sampled
+    together (one multinomial over the batch, as generate) from the same generator. Returns each
+    row's generated tokens, cut after its first stop token."""
+    L = m.params.max_seq_len
+    rows = [p.tolist() for p in prompts]
+    starts = [max(0, len(r) - L) for r in rows]
+    gen, done = [[] for _ in rows], [False] * len(rows)
+    for _ in range(new):
+        logits = []
+        for i, r in enumerate(rows):
+            if len(r) - starts[i] > L:
+                starts[i] = len(r) - L // 2
+            logits.append(reference_logits(m, torch.tensor([r[starts[i]:]]))[0, -1])
+        logits = torch.stack(logits)
+        if temperature == 0.0:
+            tokens = logits.argmax(-1)
+        else:
+            logits = logits.float() / temperature
+            if top_k is not None:
+                logits[logits < torch.topk(logits, top_k).values[:, [-1]]] = -float("inf")
+            tokens = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
+        for i, t in enumerate(tokens.tolist()):
+            if not done[i]:
+                gen[i].append(t)
+                rows[i].append(t)
+                done[i] = t == stop_token
+        if all(done):
+            break
+    return gen
+
+
+def sharp(m):
+    """The tiny model with 20x larger query and key weights: a random model's attention is
+    nearly uniform, so greedy tokens would hardly depend on positions; peaked attention makes a
+    wrong position or a wrong window change them."""
+    with torch.no_grad():
+        for layer in m.layers:
+            layer.attention.wq.weight.mul_(20)
+            layer.attention.wk.weight.mul_(20)
+    return m
+
+
+def left_padded(prompts, pad=0):
+    longest = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), longest), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        idx[i, longest - len(p):], mask[i, longest - len(p):] = p, True
+    return idx, mask
+
+
+def llama2c_generate(m, prompt, new):
+    """llama2.c's generate (greedy): idx_cond = idx[:, -max_seq_len:], full forward, last logits."""
+    idx = prompt[None]
+    for _ in range(new):
+        idx_cond = idx[:, -m.params.max_seq_len:]
+        idx = torch.cat((idx, m(idx_cond, all_logits=True)[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return idx[0, len(prompt):]
+
+
+@pytest.mark.parametrize("kv,lengths", [(None, (12, 7, 30)), (2, (45, 12, 7)), (2, (10, 10))])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_generation_matches_a_full_recompute_reference(kv, lengths, sampled):
+    """Left-padded prompts of different lengths (45 > max_seq_len 40: the prompt is cropped;
+    equal lengths: no padding, every row refills at once), 70 new tokens, so every row's window
+    restarts from its last 20 tokens two or three times, each row at its own step. The cached
+    batch equals the reference token for token, sampled from the same generator too."""
+    m = sharp(tiny(kv))
+    prompts = [torch.randint(0, 67, (n,)) for n in lengths]
+    idx, mask = left_padded(prompts)
+    kw = dict(temperature=0.8, top_k=10) if sampled else dict(temperature=0.0)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    out = m.generate(idx, 70, prompt_mask=mask, generator=g1, **kw)
+    assert out.shape == (len(lengths), idx.shape[1] + 70) and torch.equal(out[:, :idx.shape[1]], idx)
+    ref = reference_generate(m, prompts, 70, generator=g2, **kw)
+    for i in range(len(prompts)):
+        assert out[i, idx.shape[1]:].tolist() == ref[i], i
+    if not sampled:  # while a row's window holds all its tokens, llama2.c's generate agrees
+        for i, p in enumerate(prompts):
+            fits = max(1, 41 - len(p))  # a cropped prompt: only its first token
+            assert torch.equal(out[i, idx.shape[1]:][:fits], llama2c_generate(m, p, fits))
+        # greedy decoding is the argmax of the full forward pass at every in-window step
+        logits = m(out[:1, :40], all_logits=True)
+        assert torch.equal(logits[0, idx.shape[1] - 1:-1].argmax(-1), out[0, idx.shape[1]:40])
+
+
+def test_left_padded_prompts_generate_as_if_alone():
+    m = sharp(tiny(2).float())
+    p1, p2 = torch.randint(0, 67, (1, 4)), torch.randint(0, 67, (1, 9))
+    batch = torch.zeros(2, 9, dtype=torch.long)
+    batch[0, 5:], batch[1] = p1[0], p2[0]
+    mask = batch != 0
+    mask[0, :5], mask[0, 5:], mask[1] = False, True, True
+    out = m.generate(batch, 60, temperature=0.0, prompt_mask=mask)  # past max_seq_len (40) too
+    assert torch.equal(out[0, 5:], m.generate(p1, 60, temperature=0.0)[0])
+    assert torch.equal(out[1], m.generate(p2, 60, temperature=0.0)[0])
+    with pytest.raises(ValueError, match="left padding"):
+        m.generate(batch, 3, prompt_mask=mask.flip(1))
+
+
+@pytest.mark.parametrize("lengths", [(9, 5, 14), (10, 10, 10)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_end_at_the_stop_token_and_the_rest_is_unchanged(temperature, lengths):
+    """A row ends where it samples stop_token and holds stop_token from there on (an ended row
+    is not refilled past max_seq_len). The rows that have not ended get exactly the tokens of a
+    run without stopping (the same draws from the same generator), and the reference says so."""
+    m = sharp(tiny(2))
+    prompts = [torch.randint(0, 67, (n,)) for n in lengths]
+    idx, mask = left_padded(prompts)
+    T = idx.shape[1]
+    free = m.generate(idx, 60, prompt_mask=mask, temperature=temperature, generator=torch.Generator().manual_seed(1))
+    stop = int(free[0, T + 4])  # row 0 samples it at step 4 at the latest
+    ends = [int((free[i, T:] == stop).int().argmax()) + 1 if (free[i, T:] == stop).any() else 60 for i in range(3)]
+    assert max(ends) > ends[0], "some row must go on after row 0 has ended"
+    out = m.generate(idx, 60, prompt_mask=mask, temperature=temperature, generator=torch.Generator().manual_seed(1),
+                     stop_token=stop)
+    ref = reference_generate(m, prompts, 60, temperature, generator=torch.Generator().manual_seed(1), stop_token=stop)
+    assert out.shape[1] == T + max(ends)
+    for i, end in enumerate(ends):
+        assert torch.equal(out[i, :T + end], free[i, :T + end])
+        assert (out[i, T + end:] == stop).all()
+        assert out[i, T:T + end].tolist() == ref[i]
+
+
+def test_the_batch_stops_when_every_row_has_ended():
+    """All rows end (a near-uniform model over 67 tokens finds the stop token soon): the loop
+    stops at the next 16-step check, the output is cut after the last row's stop token, and the
+    generator is left where a full-length run leaves it."""
+    m = tiny(2)
+    prompts = [torch.randint(0, 67, (n,)) for n in (9, 5, 14)]
+    idx, mask = left_padded(prompts)
+    T, stop = idx.shape[1], 7
+    calls = []
+    m.register_forward_hook(lambda mod, args, output: calls.append(args[0].shape[1]))
+    g = torch.Generator().manual_seed(0)
+    out = m.generate(idx, 300, prompt_mask=mask, generator=g, stop_token=stop)
+    ends = [(out[i, T:] == stop).nonzero()[0, 0].item() for i in range(3)]
+    assert out.shape[1] == T + max(ends) + 1 < T + 100
+    ref = reference_generate(m, prompts, 300, temperature=1.0, generator=torch.Generator().manual_seed(0), stop_token=stop)
+    for i in range(3):
+        assert out[i, T:T + ends[i] + 1].tolist() == ref[i] and (out[i, T + ends[i]:] == stop).all()
+    # one prefill, then one-token steps up to the first multiple of 16 after the last end
+    decoded = sum(1 for c in calls if c == 1)
+    assert decoded == -(-(max(ends) + 1) // 16) * 16 - 1
+    full = torch.Generator().manual_seed(0)
+    m.generate(idx, 300, prompt_mask=mask, generator=full)
+    assert torch.equal(g.get_state(), full.get_state())
+
+
+def test_kv_cache_ring_refuses_a_write_past_its_end():
+    from model import KVCache
+    m = tiny()
+    cache = KVCache(m.params, 1, 8, "cpu", torch.float64)
+    cache.length = 5
+    k = torch.zeros(1, 4, 4, 12, dtype=torch.float64)
+    with pytest.raises(ValueError, match="overrun"):
+        cache.update(0, k, k)

@@ -295,6 +295,7 @@ def test_repository_sweeps_match_train_config_keys():
         assert proc.returncode == 0, proc.stderr
         commands = [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
         assert commands and all(c.startswith("/usr/bin/env python train.py ") for c in commands)
-        assert "--out_dir=" not in proc.stdout  # the configs' out_dir templates keep runs apart
+        # the sweeps' out_dir templates keep runs apart: no run needed an out/sweeps/ folder of its own
+        assert "share out_dir" not in proc.stderr and "out/sweeps/" not in proc.stdout
     deletion = run_main("sweep.py", [os.path.join(REPO, "sweeps", "deletion.yaml"), "--dry_run"], cwd=REPO).stdout
     assert len([l for l in deletion.splitlines() if l.startswith("/usr/bin/env")]) == 24

@@ -210,7 +210,7 @@ def test_wandb_offline_never_stops_training(corpus, tmp_path):
     # the real wandb, offline, in a subprocess of its own (wandb keeps process-wide state)
     out = str(tmp_path / "wb")
     proc = run_cli(tiny_args(corpus, out, max_iters=3, eval_interval=2, wandb_log=True, wandb_run_name="t",
-                             save_best_model=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+                             keep_best_checkpoint=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = os.listdir(os.path.join(out, "wandb"))  # wandb files live in the run folder
     assert any(d.startswith("offline-run") for d in runs), runs
@@ -227,3 +227,33 @@ def test_broken_wandb_never_stops_training(corpus, tmp_path, monkeypatch):
     proc = train(tiny_args(corpus, out2, max_iters=3, wandb_log=True))
     assert proc.returncode == 0 and "wandb could not start" in proc.stderr
     assert sorted(train_losses(out2)) == [0, 1, 2]
+
+
+def test_generation_eval_stops_rows_at_bos_and_logs_the_same_stories(tiny_corpus, monkeypatch):
+    """The generation evaluation stops each row at BOS (the next example's start) and a batch
+    when all its rows have: here every batch stops long before max_new_tokens, and the logged
+    rows are exactly those of generating every token and cutting at BOS afterwards (the old
+    way), later batches included (the shared generator advances as if nothing had stopped)."""
+    from conftest import tiny_model
+
+    import model as model_lib
+    from tinylab.lm_eval import generate_rows
+    from tinylab.tokenizer import Tokenizer
+    tok = Tokenizer(tiny_corpus.tokenizer_model)
+    m = tiny_model(max_seq_len=256, tie_embeddings=False)
+    with torch.no_grad():
+        m.output.weight[tok.bos_id] *= 40  # BOS becomes likely: rows end after a few dozen tokens
+    args = (m, tok, {}, tiny_corpus.cache_dir, "pretrain-all", 6, 2, 250, 1.0, 0, 0)
+    real, generated = model_lib.Transformer.generate, []
+
+    def stopping(self, idx, new, **kw):
+        assert kw["stop_token"] == tok.bos_id
+        out = real(self, idx, new, **kw)
+        generated.append(out.shape[1] - idx.shape[1])
+        return out
+
+    monkeypatch.setattr(model_lib.Transformer, "generate", stopping)
+    rows = generate_rows(*args)
+    assert len(generated) == 3 and max(generated) < 100, generated
+    monkeypatch.setattr(model_lib.Transformer, "generate", lambda self, idx, new, stop_token=None, **kw: real(self, idx, new, **kw))
+    assert generate_rows(*args) == rows

@@ -13,11 +13,13 @@ Start here: train.py -> schema.TRAIN (its keys) -> trainer.Trainer (the one loop
   TinyStories      dataset_spec (records, transforms, template), synth_stories (built-in corpus),
                    tinystories_data (download, synthesize, train_vocab, pretokenize),
                    tokenizer, pretokenized (dataset checks, the batch loader), lm_eval (train.py's
-                   evaluation: losses, generations, feature score)
+                   evaluation: losses, generations, feature score), probes (per-layer feature
+                   probes and lenses on a frozen model: in the loop and for evaluation/probe.py)
   T0 finetuning    t0_data (mixtures, encoding, packing, masks), t0_demo (built-in tasks),
                    t0_finetune (finetune_t0.py's data and evaluation), rank_eval
   evaluation       eval_common (models, tokenizers, text data for the tools), perplexity, lambada,
-                   feature_judge, probes, hub (Hugging Face hub access); staged-training's
+                   feature_judge, probes (above), hub (Hugging Face hub access), run_tables (a run's
+                   logged generation tables, scored after the fact); staged-training's
                    interfaces: staged_eval (its model flags), hf_models (any HF causal LM, its
                    Lightning GPT-2 checkpoints), token_files (its uint16 token files),
                    staged_train (eval_wikitext.py train on the one loop)

@@ -14,7 +14,13 @@ plus what exact resume and growth need:
     rng                 python / numpy / torch (/ cuda) generator states
     loader              the training data loader's position (data.BatchLoader.state_dict())
     scaler              GradScaler state (fp16) or None
+    wandb_run_id        the wandb run this run logs to (or None): resume_train continues it
 Only plain Python values and tensors are stored, so files load with torch.load(weights_only=True).
+
+The original study's checkpoints (RobertKirk/tinystories-wrappers' train.py) have llama2.c's six
+keys only, and its model.py can hold per-layer feature probes (`probes.{i}.weight`) and tuned
+lenses (`lenses.{i}.weight`) in the model's state dict. This model has neither head: loading keeps
+those entries aside (`aux_state`), and a resumed run writes them back unchanged.
 """
 import os
 import random
@@ -69,10 +75,32 @@ def clean_state_dict(state_dict):
     return out
 
 
+AUX_PREFIXES = ("probes.", "lenses.")  # the original model.py's extra heads (module docstring)
+
+
+def split_aux_state(state: dict):
+    """(this model's weights, the original's probe / lens entries) of a state dict."""
+    aux = {k: v for k, v in state.items() if k.startswith(AUX_PREFIXES)}
+    return {k: v for k, v in state.items() if k not in aux}, aux
+
+
+def aux_state(ckpt: dict) -> dict:
+    """The checkpoint's probe / lens state-dict entries (empty for this project's own)."""
+    return split_aux_state(clean_state_dict(ckpt["model"]))[1]
+
+
+def trains_aux_heads(ckpt: dict) -> bool:
+    """A checkpoint of the original's probe / lens training: it froze the model and optimised
+    only those heads, so its optimizer state is not this model's."""
+    args = ckpt.get("model_args") or {}
+    return bool(args.get("probes") or args.get("lenses"))
+
+
 def model_from_checkpoint(ckpt: dict, **arg_overrides) -> Transformer:
-    """Build the model described by `model_args` and load its weights (strictly)."""
+    """Build the model described by `model_args` and load its weights (strictly; the original's
+    probe / lens entries are not this model's and are left out)."""
     args = ModelArgs.from_dict({**ckpt["model_args"], **arg_overrides})
-    state = clean_state_dict(ckpt["model"])
+    state = split_aux_state(clean_state_dict(ckpt["model"]))[0]
     if "output.weight" not in state and "tok_embeddings.weight" in state and args.tie_embeddings:
         state["output.weight"] = state["tok_embeddings.weight"]
     model = Transformer(args)

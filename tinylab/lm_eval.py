@@ -60,6 +60,20 @@ class LMEvaluator:
                            pretraining=cfg["pretraining"])
 
     def __call__(self, model, iter_num, generations):
+        metrics = self.loss_metrics(model)
+        if generations and self.cfg["max_new_tokens"] > 0 and self.cfg["generation_eval_iters"] > 0:
+            for name, data_dir in self.gen_sets.items():
+                rows = self.generate(model, data_dir, iter_num)
+                if self.feature_score is not None:
+                    self.feature_score.add(name, rows)
+                if self.logger is not None:
+                    self.logger.log_table(f"generations/{name}", ["prefix", "clean_prefix", "generation", "target", "iter_num"], rows, iter_num)
+            if self.feature_score is not None:  # among prompts asking for the feature: pooled and per dataset
+                metrics.update(self.feature_score.metrics())
+        return metrics
+
+    def loss_metrics(self, model):
+        """loss/<name> of every loss set (probes.HeadsEvaluator has its heads' metrics instead)."""
         metrics = {}
         for name, (data_dir, split) in self.loss_sets.items():
             # a fresh loader re-seeds identically: the same batches at every evaluation
@@ -70,15 +84,6 @@ class LMEvaluator:
                 model(x, y, return_logits=False)
                 losses[k] = model.last_loss.float()
             metrics[f"loss/{name}"] = losses.mean().item()
-        if generations and self.cfg["max_new_tokens"] > 0:
-            for name, data_dir in self.gen_sets.items():
-                rows = self.generate(model, data_dir, iter_num)
-                if self.feature_score is not None:
-                    self.feature_score.add(name, rows)
-                if self.logger is not None:
-                    self.logger.log_table(f"generations/{name}", ["prefix", "clean_prefix", "generation", "target", "iter_num"], rows, iter_num)
-            if self.feature_score is not None:  # among prompts asking for the feature: pooled and per dataset
-                metrics.update(self.feature_score.metrics())
         return metrics
 
     def generate(self, model, data_dir, iter_num):
@@ -108,15 +113,16 @@ class LMEvaluator:
                               unit="batch", leave=False):
             chunk = prompts[start:start + bs]
             longest = max(len(p) for p in chunk)
-            # past max_seq_len the model sees the last max_seq_len tokens (llama2.c's cropping)
-            new = cfg["max_new_tokens"]
             idx = torch.zeros(len(chunk), longest, dtype=torch.long)
             mask = torch.zeros(len(chunk), longest, dtype=torch.bool)
             for i, p in enumerate(chunk):  # left padding: every prompt ends where generation starts
                 idx[i, longest - len(p):] = torch.tensor(p)
                 mask[i, longest - len(p):] = True
-            out = model.generate(idx.to(self.run.device), new, temperature=cfg["temperature"],
-                                 top_k=cfg["top_k"] or None, prompt_mask=mask.to(self.run.device), generator=gen)
+            # a row stops at BOS, which starts the next example: extract_story cuts there anyway.
+            # Past max_seq_len the window restarts from the last half (model.generate)
+            out = model.generate(idx.to(self.run.device), cfg["max_new_tokens"], temperature=cfg["temperature"],
+                                 top_k=cfg["top_k"] or None, prompt_mask=mask.to(self.run.device), generator=gen,
+                                 stop_token=tok.bos_id)
             for i, p in enumerate(chunk):
                 prefix = tok.decode(p)
                 generation = extract_story(out[i, longest:].tolist(), tok)

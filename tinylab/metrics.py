@@ -3,7 +3,9 @@
 Every logged record is one JSON object per line with at least `iter` and `kind` ("train" for
 per-iteration lines, "eval" for evaluations, "growth", "event"...), so any run can be read and
 plotted without a wandb account. wandb is optional: if it is missing, offline, or fails to start,
-training goes on with a warning (WANDB_MODE=offline / disabled are honoured).
+training goes on with a warning (WANDB_MODE=offline / disabled are honoured). A resumed run passes
+the wandb run id its checkpoint recorded (`wandb_run_id`), and wandb.init continues that run
+(resume="allow": also an offline run that was never synced, which "must" would refuse).
 """
 import json
 import math
@@ -55,11 +57,25 @@ def truncate_metrics(path, before_iter):
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
 
+def append_records(path, records):
+    """Add records to the end of an existing metrics.jsonl (a scorer run after training): the file
+    is rewritten through a temp file, so a crash leaves the old one, never a half-written line.
+    (The caller holds the run folder's lock: a rename under a live writer would lose its lines.)"""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        data += b"\n"  # a torn last line stays a line of its own (read_metrics skips it)
+    lines = [json.dumps({"iter": r.get("iter"), **{k: _jsonable(v) for k, v in r.items() if k != "iter"}}) + "\n"
+             for r in records]
+    write_atomic(path, data + "".join(lines).encode())
+
+
 class MetricsLogger:
-    def __init__(self, out_dir, config, enabled=True, resume_iter=None):
+    def __init__(self, out_dir, config, enabled=True, resume_iter=None, wandb_run_id=None):
         self.enabled = enabled
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.wandb = None
+        self.wandb_run_id = wandb_run_id  # the run's id once wandb has started (checkpoints store it)
         if not enabled:
             return
         os.makedirs(out_dir, exist_ok=True)
@@ -80,9 +96,12 @@ class MetricsLogger:
                       config=config, dir=os.path.dirname(self.path))
         if config.get("wandb_mode"):
             kwargs["mode"] = config["wandb_mode"]
+        if self.wandb_run_id:
+            kwargs.update(id=self.wandb_run_id, resume="allow")
         try:
             self.wandb = wandb
             self.run = wandb.init(**kwargs)
+            self.wandb_run_id = getattr(self.run, "id", None) or self.wandb_run_id
         except Exception as e:  # no server, no login, ...: never let wandb stop training
             print(f"warning: wandb could not start ({type(e).__name__}: {e}); logging to metrics.jsonl only", file=sys.stderr)
             self.wandb = None

@@ -29,7 +29,7 @@ import torch
 
 from tinylab.dataset_spec import dataset_dir, infer_pretokenize_flags
 from tinylab.errors import UserError, first_line
-from tinylab.tokenizer import file_sha256
+from tinylab.tokenizer import file_sha256, tokenizer_model_path
 
 PRETRAIN_SHARD_PERCENTAGE = 0.8
 FORMAT_VERSION = 1  # of manifest.json, written by tinystories.py pretokenize
@@ -97,8 +97,11 @@ def check_dataset(data_cache_dir, vocab_size, dataset_name, tokenizer_model=None
     if vocab_size > 0 and manifest["vocab_size"] != vocab_size:
         raise UserError(f"dataset {folder} was tokenized with {manifest['vocab_size']} pieces but "
                         f"vocab_size={vocab_size}")
-    tok_path = tokenizer_model or (os.path.join(data_cache_dir, f"tok{vocab_size}.model") if vocab_size else None)
-    if tok_path and os.path.isfile(tok_path):  # training itself does not need the tokenizer file
+    try:  # the file the programs will use (tokenizer.py), or none: training itself does not need it
+        tok_path = tokenizer_model_path(data_cache_dir, vocab_size, tokenizer_model)
+    except UserError:
+        tok_path = None
+    if tok_path:
         sha = file_sha256(tok_path)
         if sha != manifest["tokenizer"]["sha256"]:
             raise UserError(f"dataset {folder} was tokenized with a different tokenizer than {tok_path} "

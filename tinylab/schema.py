@@ -5,12 +5,13 @@
                  defaults, plus its own data / loss / rank-evaluation keys
     SAMPLE, GROW, EVAL   the tools' flags (sample.py, grow.py, the evaluation/ scripts), built from
                  the same Key objects where a setting is the same setting
+    COMPARE      evaluation/compare_checkpoints.py: EVAL's keys for two or more checkpoints
 
 The machinery (parsing, validation, --help) is config.py's. Cross-key rules are the functions
 below the declarations; everything is checked before a run writes anything.
 """
 from tinylab.config import Key, Schema, check_device
-from tinylab.dataset_spec import FEATURES
+from tinylab.dataset_spec import FEATURES, STORY_FEATURES
 from tinylab.errors import UserError
 from tinylab.growth import (
     C_DEPTH,
@@ -50,7 +51,11 @@ IO = [
     Key("eval_iters", 100, "batches per evaluation loss", range=COUNT),
     Key("eval_only", False, "evaluate the initial / resumed model once and exit"),
     Key("always_save_checkpoint", True, "False: a periodic checkpoint only when loss/test improved (llama2.c)"),
-    Key("save_best_model", False, "also keep out_dir/ckpt_best.pt, the best evaluation loss so far"),
+    Key("save_best_model", False, "True: a periodic ckpt.pt only when the evaluation at that iteration is a new best "
+        "loss/test (the study's flag; the final one is always saved)"),
+    Key("keep_best_checkpoint", False, "also keep out_dir/ckpt_best.pt, rewritten whenever loss/test improves"),
+    Key("export_bin", True, "write model.bin (llama2.c v0, for run.c) beside every ckpt.pt (model_best.bin beside "
+        "ckpt_best.pt), as the study's train.py did"),
     Key("finegrained_log_iters", 0, ">0: also evaluate (train.py: with generations) often during the first N iterations",
         range=NONNEG),
     Key("finegrained_eval_interval", 0, "evaluation interval during finegrained_log_iters; 0 = a tenth of it",
@@ -75,7 +80,8 @@ DATA_CACHE_DIR = Key("data_cache_dir", "data", "where raw shards, tokenizers and
 
 LM_DATA = [
     BATCH_SIZE, MAX_SEQ_LEN,
-    Key("vocab_source", "custom", "custom: <data_cache_dir>/tok{vocab_size}.model | llama2: the Llama 2 tokenizer",
+    Key("vocab_source", "custom", "custom: <data_cache_dir>/tok{vocab_size}.model, else tokenizers/tok{vocab_size}"
+        ".model | llama2: the Llama 2 tokenizers/tokenizer.model",
         choices=("custom", "llama2")),
     Key("vocab_size", 8192, "tokenizer size (vocab_source=custom); ids are stored as uint16", range="[1, 65536]"),
     TOKENIZER_MODEL, DATA_CACHE_DIR,
@@ -106,6 +112,17 @@ MODEL = [
     Key("hidden_dim", 0, "SwiGLU hidden size; 0 = llama2.c's rule from dim and multiple_of", range=NONNEG),
     DROPOUT,
     Key("tie_embeddings", True, "share the token embedding with the output head (llama2.c)"),
+]
+
+# the original's auxiliary heads on a frozen model (tinylab/probes.py; docs/evaluation.md, "Probes and lenses in training")
+HEADS = [
+    Key("probes", False, "train per-layer linear feature probes on blocks 0..n_layers-2 of the frozen model (story-only "
+        "inputs, BCE on the Features labels): loss/<key>/probe_<i>, acc/<key>/probe_<i>, acc/<key>/feat_<j>/probe_<i>"),
+    Key("probes_classes", len(STORY_FEATURES), "outputs per probe: the first N features in STORY_FEATURES order "
+        "(twist, foreshadowing, dialogue, badending, moralvalue, conflict)", range=f"[1, {len(STORY_FEATURES)}]"),
+    Key("lenses", False, "train a linear lens dim -> vocab per block 0..n_layers-2 of the frozen model (next-token loss "
+        "at every position): loss/<key>/probe_<i>, i = n_layers-1 the model's own head"),
+    Key("init_lens_with_unembed", False, "lenses start as copies of the output head (else N(0, 0.02))"),
 ]
 
 LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
@@ -160,8 +177,8 @@ TEMPERATURE = Key("temperature", 1.0, "sampling temperature; 0 = greedy", range=
 TOP_K = Key("top_k", 0, "sample among the k most likely tokens; 0 = all", range=NONNEG)
 GENERATION = [
     TEMPERATURE, TOP_K, MAX_NEW_TOKENS,
-    Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size",
-        range=COUNT),
+    Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size; "
+        "0 = no generations", range=NONNEG),
     Key("generation_batch_size", 16, "prompts generated together", range=COUNT,
         aliases=("generation_eval_batch_size",)),
     Key("generation_eval_interval_multiplier", 1, "generations every N evaluations", range=COUNT),
@@ -214,6 +231,13 @@ def check_warmups(cfg):
         raise UserError(f"warmup_seq_start={cfg['warmup_seq_start']} is not below max_seq_len={cfg['max_seq_len']}")
 
 
+def check_save_best(cfg):
+    ckpt, every = cfg["checkpoint_interval"], cfg["eval_interval"]
+    if cfg["save_best_model"] and ckpt and ckpt % every:
+        raise UserError(f"save_best_model=True judges each checkpoint by the evaluation at its iteration: "
+                        f"checkpoint_interval={ckpt} must be a multiple of eval_interval={every} (or 0)")
+
+
 def check_init(cfg):
     if cfg["init_from"] == "resume_model" and not cfg["model_dir"]:
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
@@ -230,15 +254,32 @@ def check_growth(cfg):
     parse_auto_growth(cfg)
 
 
+def check_heads(cfg):
+    if cfg["probes"] and cfg["lenses"]:
+        raise UserError("probes=True and lenses=True: one kind of heads per run (the original logs both as "
+                        "loss/<key>/probe_<i>, and trains them on different batches)")
+    if cfg["init_lens_with_unembed"] and not cfg["lenses"]:
+        raise UserError("init_lens_with_unembed=True needs lenses=True")
+    kind = "probes" if cfg["probes"] else "lenses" if cfg["lenses"] else None
+    if kind and cfg["grow_schedule"]:
+        raise UserError(f"{kind}=True trains heads on a frozen model: it cannot grow (grow_schedule)")
+    if kind == "probes" and (cfg["warmup_bsz"] or cfg["warmup_seq"]):
+        raise UserError("probes=True reads whole stories: batch-size / sequence-length warmups do not apply")
+    if kind == "probes" and cfg["feature_eval"]:
+        raise UserError("feature_eval judges generations, which a probes=True run does not make")
+
+
 def prepare_train(cfg):
     return apply_optimizer_preset(cfg, TRAIN.defaults())
 
 
 TRAIN = Schema("train.py", [
-    ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL), ("optimizer and schedule", OPTIMIZER),
+    ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL),
+    ("probes and lenses: heads trained on the frozen model", HEADS), ("optimizer and schedule", OPTIMIZER),
     ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
     ("generation evaluation", GENERATION), ("system", SYSTEM),
-], rules=[check_model_shape, check_schedule, check_warmups, check_init, check_generation_datasets, check_growth],
+], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
+       check_heads],
     prepare=prepare_train)
 
 
@@ -296,7 +337,7 @@ def prepare_t0(cfg):
 
 FINETUNE_T0 = TRAIN.derive(
     "finetune_t0.py",
-    defaults=dict(out_dir="out/t0", init_from="resume_model", eval_interval=200, log_interval=10,
+    defaults=dict(out_dir="out/t0", init_from="resume_model", eval_interval=200, log_interval=10, export_bin=False,
                   gradient_accumulation_steps=1, learning_rate=1e-4, lr_scheduling=False, max_iters=1000,
                   weight_decay=0.0, warmup_iters=0),
     keys=[Key("eval_iters", 4, "validation loss on the first eval_iters * batch_size packed rows of each group",
@@ -304,9 +345,9 @@ FINETUNE_T0 = TRAIN.derive(
           INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
                        "resume_train: continue out_dir")],
     # the model's shape comes from the base checkpoint; these are language-modelling keys
-    drop=[k.name for k in LM_DATA + GROWTH + GENERATION] + [k.name for k in MODEL if k is not DROPOUT],
+    drop=[k.name for k in LM_DATA + GROWTH + GENERATION + HEADS] + [k.name for k in MODEL if k is not DROPOUT],
     sections=[("data", T0_DATA), ("masks, loss and rank evaluation", T0_LOSS)],
-    rules=[check_schedule, check_t0], prepare=prepare_t0)
+    rules=[check_schedule, check_save_best, check_t0], prepare=prepare_t0)
 
 
 # ---------------------------------------------------------------------- the tools
@@ -391,6 +432,38 @@ EVAL = Schema("evaluation", [
                BATCH_SIZE.replace(default=8, help="sequences per forward pass"), SEED,
                Key("out", "", "also write the metrics JSON to this file")]),
 ])
+
+
+def _check_pairs(pairs):
+    for p in pairs:
+        a, sep, b = p.partition(":")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()) or int(a) == int(b):
+            return f"{p!r} is not a pair A:B of two different checkpoint positions (0 = the first), e.g. 0:1"
+    return None
+
+
+def check_compare(cfg):
+    if cfg["dataset"] and cfg["prompts"]:
+        raise UserError("--dataset and --prompts both name the prompts; pass one of them")
+
+
+# evaluation/compare_checkpoints.py: its checkpoints are positional (two or more), not --checkpoint
+COMPARE = EVAL.derive("evaluation/compare_checkpoints.py", drop=["checkpoint"], rules=[check_compare], keys=[
+    EVAL.keys["out"].replace(help="also write the JSON to this file (an existing one only with --force)")],
+    sections=[("comparison", [
+        Key("dataset", "", "pretokenized dataset (in the first checkpoint's data cache) whose test examples are the "
+            "prompts; '' = the dataset the first checkpoint was trained on"),
+        Key("prompts", "", "instead of --dataset: a prompt file (plain text: one per line; .jsonl: a 'text' field "
+            "or a JSON string per line)"),
+        Key("num_prompts", 64, "prompts: a seeded choice of test examples of --dataset, or the first N of --prompts",
+            range=COUNT),
+        Key("story_only", False, "--dataset: BOS + the story (the probes' inputs) instead of the whole example"),
+        Key("pairs", [], "pairs to compare as A:B positions (0 = the first checkpoint), e.g. 0:1,1:2; [] = each "
+            "consecutive pair and each checkpoint against the first", check=_check_pairs),
+        Key("labels", [], "names of the checkpoints in the outputs, one each; [] = their run folders' names"),
+        Key("plot", "", "also draw the heat maps to this PNG (an existing one only with --force)"),
+        Key("force", False, "replace an existing --out / --plot"),
+    ])])
 
 # the drivers by file name (sweep.py checks a sweep's parameters against them)
 DRIVERS = {"train.py": TRAIN, "finetune_t0.py": FINETUNE_T0}

@@ -96,7 +96,8 @@ def train_config(a, vocab_size: int, learning_rate: float) -> dict:
     overrides = dict(
         out_dir=a.log_dir, init_from="resume_train" if a.recover else "scratch", overwrite=False,
         eval_interval=a.validate_every, checkpoint_interval=a.checkpoint_every, log_interval=LOG_EVERY,
-        eval_iters=a.validation_steps, always_save_checkpoint=True, save_best_model=False, eval_only=False,
+        eval_iters=a.validation_steps, always_save_checkpoint=True, save_best_model=False, keep_best_checkpoint=False,
+        export_bin=False, eval_only=False,
         seed=a.init_seed,
         wandb_log=bool(a.wandb_entity or a.wandb_project or tags), wandb_project=a.wandb_project or DEFAULT_WANDB_PROJECT,
         wandb_entity=a.wandb_entity, wandb_tags=tags,

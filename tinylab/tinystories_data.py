@@ -3,7 +3,8 @@ pretokenize (the transforms themselves are dataset_spec.py's; the layout is docs
 
 Layout under data_cache_dir:
     TinyStories_all_data/dataNN.json      raw shards (download or synthesize)
-    tok{V}.model, tok{V}.vocab            tokenizer (train_vocab, or the released tok8192)
+    tok{V}.model, tok{V}.vocab            tokenizer (train_vocab; without one tokenizer.py falls back to
+                                          the shipped tokenizers/tok{V}.model, e.g. the study's tok8192)
     tok{V}/{dataset_name}/dataNN.bin      uint16 tokens, BOS before each example, + manifest.json
     llama2/{dataset_name}/                the same for vocab_size=0 (the Llama 2 tokenizer)
 

@@ -1,11 +1,18 @@
 """A small sentencepiece wrapper, and where a vocabulary size's tokenizer file lives.
 
-    <data_cache_dir>/tok{V}.model   V > 0: trained by `tinystories.py train_vocab` (or the released
-                                    tok8192.model of the original study, copied there)
-    --tokenizer_model=PATH          V = 0: the Llama 2 tokenizer, which the user must provide
+    --tokenizer_model=PATH          any V: that file
+    <data_cache_dir>/tok{V}.model   V > 0: trained by `tinystories.py train_vocab` (the datasets of
+                                    that cache were made with it, so it wins over the shipped one;
+                                    a notice says so when the two differ)
+    tokenizers/tok{V}.model         V > 0, no cache copy: the shipped file (tok8192, the study's)
+    tokenizers/tokenizer.model      V = 0: the Llama 2 tokenizer, shipped with llama2.c's
+                                    tokenizer.bin (tokenizers/README.md)
+Every program that needs a tokenizer (train.py, tinystories.py pretokenize, sample.py, the
+evaluation tools, finetune_t0.py) resolves it here, so none needs a copy in data_cache_dir.
 """
 import hashlib
 import os
+import sys
 
 import sentencepiece as spm
 
@@ -20,25 +27,45 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+# the tokenizers that ship with the repository (tokenizers/README.md: sources and licences)
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tokenizers")
+_compared = set()  # cache files already compared with the shipped file (one notice per process)
+
+
+def shipped_tokenizer_path(vocab_size: int):
+    """tokenizers/tok{V}.model (V = 0: the Llama 2 tokenizers/tokenizer.model) if it ships, else None."""
+    path = os.path.join(SHIPPED_DIR, "tokenizer.model" if vocab_size == 0 else f"tok{vocab_size}.model")
+    return path if os.path.isfile(path) else None
+
+
 def tokenizer_model_path(data_cache_dir: str, vocab_size: int, tokenizer_model: str = None) -> str:
-    """The tokenizer file for `vocab_size`: `tokenizer_model` when given, else
-    <data_cache_dir>/tok{V}.model. UserError (saying how to get one) when it does not exist."""
+    """The tokenizer file for `vocab_size` (module docstring: explicit file, data cache copy,
+    shipped file). UserError (saying how to get one) when there is none."""
     if vocab_size < 0:
         raise UserError(f"--vocab_size must be >= 0, got {vocab_size}")
     if tokenizer_model:
         if not os.path.isfile(tokenizer_model):
             raise UserError(f"tokenizer model {tokenizer_model} not found")
         return tokenizer_model
+    shipped = shipped_tokenizer_path(vocab_size)
     if vocab_size == 0:
-        raise UserError("--vocab_size=0 means the Llama 2 tokenizer, which this project cannot download: "
-                        "pass --tokenizer_model=PATH/tokenizer.model (it ships with karpathy/llama2.c), "
-                        "or use --vocab_size=N with <data_cache_dir>/tokN.model from train_vocab")
+        if shipped is None:
+            raise UserError(f"--vocab_size=0 means the Llama 2 tokenizer, but {SHIPPED_DIR}/tokenizer.model is "
+                            f"missing: pass --tokenizer_model=PATH/tokenizer.model (it ships with karpathy/llama2.c)")
+        return shipped
     path = os.path.join(data_cache_dir, f"tok{vocab_size}.model")
-    if not os.path.isfile(path):
-        raise UserError(f"tokenizer {path} not found: run: python tinystories.py train_vocab "
-                        f"--vocab_size={vocab_size} --data_cache_dir={data_cache_dir} "
-                        f"(or copy a released tok{vocab_size}.model there)")
-    return path
+    if os.path.isfile(path):
+        if shipped is not None and path not in _compared:
+            _compared.add(path)
+            if file_sha256(path) != file_sha256(shipped):
+                print(f"notice: using {path} (the data cache's own tok{vocab_size}, e.g. from train_vocab, which "
+                      f"its datasets were made with), not the shipped {shipped}, which differs", file=sys.stderr)
+        return path
+    if shipped is not None:
+        return shipped
+    raise UserError(f"tokenizer {path} not found: run: python tinystories.py train_vocab "
+                    f"--vocab_size={vocab_size} --data_cache_dir={data_cache_dir} "
+                    f"({SHIPPED_DIR} has no tok{vocab_size}.model either)")
 
 
 class Tokenizer:

@@ -8,7 +8,10 @@ A driver hands the Trainer:
     factor applied to model.last_loss before backward; default 1/micro-steps), and which has
     state_dict() / load_state_dict() so a checkpoint can store its position;
   - an evaluate(model, iter_num, generations) callable returning a dict of metrics (and logging
-    any tables itself through trainer.logger).
+    any tables itself through trainer.logger);
+  - optionally `heads` (probes.LayerHeads: train.py's probes / lenses), trained instead of the
+    model, which they freeze: the optimizer, clipping and DDP see the heads only, the checkpoint
+    keeps them under their own entry beside "model".
 
 The loop, per iteration: set LR -> evaluate (on schedule) -> checkpoint (on schedule) -> stop?
 -> micro-steps (a fresh batch each, gradient sync only on the last) -> clip -> step -> log.
@@ -37,6 +40,7 @@ from tinylab.distributed import (
     init_distributed,
 )
 from tinylab.errors import UserError
+from tinylab.interop import export_bin
 from tinylab.metrics import MetricsLogger
 from tinylab.optim import (
     build_optimizer,
@@ -231,6 +235,11 @@ def fit_and_close(trainer, run):
         sys.exit(130)
 
 
+def bin_name(ckpt_name: str) -> str:
+    """export_bin's file beside a checkpoint: ckpt.pt -> model.bin, ckpt_best.pt -> model_best.bin."""
+    return "model" + ckpt_name[len("ckpt"):-len(".pt")] + ".bin"
+
+
 def grad_sq_norm(model) -> torch.Tensor:
     """Sum of the squared gradients of `model` (a device tensor: no host sync)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -242,8 +251,10 @@ def grad_sq_norm(model) -> torch.Tensor:
 class Trainer:
     def __init__(self, cfg, run: Run, model, batches, evaluate, ckpt=None, best_metric="loss/test",
                  generation_every=1, batch_warmup: BatchWarmup = None,
-                 critical_batch_size=False):
+                 critical_batch_size=False, heads=None):
         self.cfg, self.run, self.batches, self.evaluate = cfg, run, batches, evaluate
+        # probes / lenses (tinylab/probes.py): heads over the frozen model are trained instead of it
+        self.heads = heads
         self.best_metric = best_metric
         self.generation_every = generation_every  # evaluations with generations: every N-th one
         self.world = run.dist.world_size
@@ -261,6 +272,8 @@ class Trainer:
         self.lr_rewarmup, self.param_overrides = None, None
         self.scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
         self.out_dir = cfg["out_dir"]
+        self.aux_state = {}  # the original's probe / lens entries of a resumed checkpoint, saved back unchanged
+        self.wandb_run_id = None  # a resumed checkpoint's wandb run, continued by the logger
         self.install(model, ckpt)
         self.start_iter = self.iter_num
         self.resume_iter = self.iter_num if ckpt is not None else None
@@ -275,7 +288,9 @@ class Trainer:
     def open_log(self):
         """The run's metrics.jsonl (and wandb): a resumed run first drops the records it redoes."""
         if self.logger is None:
-            self.logger = MetricsLogger(self.out_dir, self.cfg, enabled=self.run.master, resume_iter=self.resume_iter)
+            # the same wandb run only when this run goes on in its own out_dir (not grow.py's new folder)
+            self.logger = MetricsLogger(self.out_dir, self.cfg, enabled=self.run.master, resume_iter=self.resume_iter,
+                                        wandb_run_id=self.wandb_run_id if in_place(self.cfg) else None)
         return self.logger
 
     # -- model / optimizer / state
@@ -284,13 +299,16 @@ class Trainer:
         """(Re)build optimizer and wrappers around `raw_model`; restore state from `ckpt`.
         Also used after in-run growth, with a checkpoint-like dict of the grown state."""
         self.raw_model = raw_model
+        self.trained = raw_model if self.heads is None else self.heads.attach(raw_model)  # what the optimizer steps
         if ckpt is not None:
             # per-parameter settings belong to the moments they were made for (exact growth)
             self.param_overrides = ckpt.get("param_overrides") if ckpt.get("optimizer") is not None else None
-        self.optimizer = build_optimizer(raw_model, self.cfg, self.param_overrides)
+        self.optimizer = build_optimizer(self.trained, self.cfg, self.param_overrides)
         if ckpt is not None:
             self.restore(ckpt)
-        model = raw_model
+            if self.heads is not None:  # original-format entries of these heads were loaded into them
+                self.aux_state = {k: v for k, v in self.aux_state.items() if not k.startswith(self.heads.name + ".")}
+        model = self.trained
         if self.cfg["compile"]:
             if self.run.master:
                 print("compiling the model... (takes a ~minute)")
@@ -303,10 +321,17 @@ class Trainer:
     def restore(self, ckpt):
         """The whole training state of `ckpt`; its optimizer state when it has one (grow.py
         --reset_optimizer writes none: the optimizer starts fresh, the rest continues)."""
-        if ckpt.get("optimizer") is not None:
+        if ckpt.get("optimizer") is not None and not ckpt_lib.trains_aux_heads(ckpt):
             self._restore_optimizer(ckpt)
         elif self.run.master:
-            print("notice: the checkpoint has no optimizer state: the optimizer starts fresh")
+            why = ("its optimizer state is the original's probe / lens heads'" if ckpt.get("optimizer") is not None
+                   else "the checkpoint has no optimizer state")
+            print(f"notice: {why}: the optimizer starts fresh")
+        self.aux_state = ckpt_lib.aux_state(ckpt)
+        if self.aux_state and self.run.master:
+            print(f"notice: {len(self.aux_state)} probe / lens tensors of the checkpoint are not trained here; "
+                  f"they are kept in the checkpoints unchanged")
+        self.wandb_run_id = ckpt.get("wandb_run_id")
         self.iter_num = ckpt["iter_num"]
         self.best_val_loss = ckpt.get("best_val_loss", 1e9)
         self.lr_rewarmup = ckpt.get("lr_rewarmup")
@@ -338,7 +363,11 @@ class Trainer:
         # wins (e.g. a grown model resumed with the target model's config), with a notice
         configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
                       for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        except ValueError as e:  # torch's group-size check: the state is another parameter set's
+            raise UserError(f"the checkpoint's optimizer state does not fit this model's parameters ({e}); use "
+                            f"init_from=resume_model to continue with a fresh optimizer") from None
         changed = set()
         for group, want in zip(self.optimizer.param_groups, configured):
             for k, v in want.items():
@@ -351,7 +380,7 @@ class Trainer:
     def checkpoint_dict(self, loader_state, rng_per_rank=None):
         return {
             "format_version": ckpt_lib.FORMAT_VERSION,
-            "model": self.raw_model.state_dict(),
+            "model": {**self.raw_model.state_dict(), **self.aux_state},
             "optimizer": self.optimizer.state_dict(),
             "optimizer_name": self.cfg["optimizer"],
             "param_names": optimizer_param_names(self.optimizer),
@@ -368,6 +397,8 @@ class Trainer:
             "loader": loader_state,
             "hooks": {name: h.state_dict() for name, h in self.step_hooks.items() if hasattr(h, "state_dict")},
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            **({self.heads.name: self.heads.state_dict()} if self.heads is not None else {}),
+            "wandb_run_id": self.logger.wandb_run_id if self.logger is not None else self.wandb_run_id,
         }
 
     def save(self, loader_state, name="ckpt.pt", rng_per_rank=None):
@@ -376,6 +407,8 @@ class Trainer:
             path = os.path.join(self.out_dir, name)
             ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state, rng_per_rank), path)
             print(f"saved checkpoint to {path} (iter {self.iter_num})")
+            if self.cfg.get("export_bin"):  # beside it, as the original did (llama2.c v0, for run.c)
+                export_bin(self.raw_model, os.path.join(self.out_dir, bin_name(name)), 0)
 
     # -- NaN guard without per-step host syncs: remember the first bad iteration on device
 
@@ -491,10 +524,11 @@ class Trainer:
             do_eval, do_gen = self.is_eval_iter(it)
             if cfg["eval_only"]:
                 do_eval, do_gen = True, True
+            improved = False
             if do_eval and run.master:
                 improved = self.run_eval(it, do_gen)
                 self.improved_since_save |= improved
-                if improved and cfg["save_best_model"] and it > 0 and not cfg["eval_only"]:
+                if improved and cfg["keep_best_checkpoint"] and it > 0 and not cfg["eval_only"]:
                     self.save(loader_state, "ckpt_best.pt")
             if cfg["eval_only"]:
                 return "eval_only"
@@ -510,7 +544,10 @@ class Trainer:
                 # every rank's generators (dropout masks differ per rank), gathered on a schedule
                 # all ranks share, so that a DDP run resumes exactly too
                 rng = all_gather_object(ckpt_lib.rng_state(), run.dist)
-                periodic = it % ckpt_interval == 0 and (cfg["always_save_checkpoint"] or self.improved_since_save)
+                if cfg["save_best_model"]:  # the study's rule: this iteration's evaluation is a new best
+                    periodic = it % ckpt_interval == 0 and improved
+                else:
+                    periodic = it % ckpt_interval == 0 and (cfg["always_save_checkpoint"] or self.improved_since_save)
                 if periodic or it >= self.end_iter() or stop:
                     self.save(loader_state, rng_per_rank=rng)
                     self.improved_since_save = False
@@ -534,7 +571,7 @@ class Trainer:
                     batch = truncate(batch, rows, seq)
                 with run.autocast:
                     self.model(**batch, return_logits=False)  # fused head + loss, no logits
-                    loss = self.raw_model.last_loss * scale
+                    loss = self.trained.last_loss * scale
                 micro_rows, micro_tokens = batch["tokens"].shape[0], batch["tokens"].numel()
                 # fetch the next batch while the device works (prefetch); remember the position
                 # just before the first batch of each iteration for checkpoints
@@ -544,18 +581,18 @@ class Trainer:
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
                 if noise and micro_step == 0:
-                    g_small = grad_sq_norm(self.raw_model) / scale ** 2  # one micro-batch's gradient, squared norm
+                    g_small = grad_sq_norm(self.trained) / scale ** 2  # one micro-batch's gradient, squared norm
             step_tokens = micro_tokens * micro_steps * self.world
             self.tokens_seen += step_tokens
             tokens_since_log += step_tokens
             if noise:
-                g_big = grad_sq_norm(self.raw_model)  # the step's gradient, before clipping
+                g_big = grad_sq_norm(self.trained)  # the step's gradient, before clipping
                 if self.scaler.is_enabled():
                     g_small, g_big = g_small / self.scaler.get_scale() ** 2, g_big / self.scaler.get_scale() ** 2
                 noise_sample = (all_reduce_mean(g_small, run.dist), g_big, micro_rows, micro_rows * micro_steps * self.world)
             if cfg["grad_clip"] > 0.0:
                 self.scaler.unscale_(self.optimizer)
-                clip_grad_norm(self.raw_model, cfg["grad_clip"], self.param_overrides)
+                clip_grad_norm(self.trained, cfg["grad_clip"], self.param_overrides)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
