@@ -48,6 +48,19 @@ SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
 ])])
 
 
+def score_fitting(model, items, batch_size, source):
+    """Score the items whose last word fits the model's window (a notice counts the others):
+    (the scored items, summarize()'s metrics, the last-token accuracy)."""
+    items, too_long = fitting_items(items, model.params.max_seq_len)
+    if too_long:
+        print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len="
+              f"{model.params.max_seq_len} tokens or more, which this model cannot score")
+    if not items:
+        raise UserError(f"{source} holds no passage with a context and a last word that fits the model's window")
+    results = score_items(model, items, model.params.max_seq_len, batch_size)
+    return items, summarize(results), sum(r[2] for r in results) / len(results)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     return original_main(argv) if interface_of(argv) == "original" else project_main(argv)
@@ -64,15 +77,7 @@ def project_main(argv):
     if a.max_passages:
         passages = passages[:a.max_passages]
     items, skipped = lambada_items(passages, tok)
-    items, too_long = fitting_items(items, model.params.max_seq_len)
-    if too_long:
-        print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len="
-              f"{model.params.max_seq_len} tokens or more, which this model cannot score")
-    if not items:
-        raise UserError(f"{a.data} holds no passage with a context and a last word that fits the model's window")
-    results = score_items(model, items, model.params.max_seq_len, a.batch_size)
-    metrics = summarize(results)
-    last_token_acc = sum(r[2] for r in results) / len(results)
+    items, metrics, last_token_acc = score_fitting(model, items, a.batch_size, a.data)
     multi = sum(len(c) > 1 for _, c in items)
     print(f"data {a.data}: {len(items)} passages ({skipped} skipped without a space); "
           f"{multi} targets span several tokens")
@@ -146,15 +151,7 @@ def original_main(argv):
         emit({"passages": len(passages), "n": len(items), "fragments": n_fragments, "skipped": skipped,
               "tokens": tokens}, a.out)
         return
-    items, too_long = fitting_items(items, model.params.max_seq_len)
-    if too_long:
-        print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len={model.params.max_seq_len} "
-              f"tokens or more, which this model cannot score")
-    if not items:
-        raise UserError(f"{a.path} holds no passage with a context and a last word to score")
-    results = score_items(model, items, model.params.max_seq_len, a.batch)
-    metrics = summarize(results)
-    last_token_acc = sum(r[2] for r in results) / len(results)
+    items, metrics, last_token_acc = score_fitting(model, items, a.batch, a.path)
     print(f"whole-word accuracy {metrics['acc']:.4f}  target-word perplexity {metrics['ppl']:.3f}  "
           f"last_token_acc {last_token_acc:.4f}")
     print("Accuracy: %.4f" % last_token_acc)  # the original's line (its last-token accuracy)
