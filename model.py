@@ -218,17 +218,6 @@ class KVCache:
         self.v[:, r, :, s] = other.v[:, :, :, :other.length].permute(1, 3, 0, 2, 4)
 
 
-def single_query_attention(xq, xk, xv, attn_mask=None):
-    """Attention of one new query per row over the cached keys (generation's decode step), as
-    plain matmuls: the CPU's flash-attention kernel costs ~0.7 ms a call for this shape, the
-    three small matmuls a tenth of that. attn_mask: None (every key) or a boolean mask that
-    broadcasts to (B, heads, 1, keys), True = may attend."""
-    scores = (xq @ xk.transpose(-2, -1)) * (xq.shape[-1] ** -0.5)
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(xv.dtype) @ xv
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -262,16 +251,13 @@ class Attention(nn.Module):
             xv = xv.repeat_interleave(self.n_rep, dim=1)
         if attn_mask is None and seqlen > 1 and xk.shape[2] != seqlen:
             raise ValueError("several new tokens over a non-empty KV cache need an explicit attn_mask")
-        if seqlen == 1 and not self.training:
-            out = single_query_attention(xq, xk, xv, attn_mask)
-        else:
-            out = F.scaled_dot_product_attention(
-                xq, xk, xv,
-                attn_mask=attn_mask,
-                dropout_p=self.dropout if self.training else 0.0,
-                # no mask: causal; a single new query over the cache may see every cached key
-                is_causal=attn_mask is None and seqlen > 1,
-            )
+        out = F.scaled_dot_product_attention(
+            xq, xk, xv,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            # no mask: causal; a single new query over the cache may see every cached key
+            is_causal=attn_mask is None and seqlen > 1,
+        )
         out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)
         return self.resid_dropout(self.wo(out))
 

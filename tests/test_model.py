@@ -362,21 +362,3 @@ def test_kv_cache_ring_refuses_a_write_past_its_end():
     k = torch.zeros(1, 4, 4, 12, dtype=torch.float64)
     with pytest.raises(ValueError, match="overrun"):
         cache.update(0, k, k)
-
-
-def test_single_query_attention_equals_sdpa():
-    """The decode step's matmul attention equals F.scaled_dot_product_attention, with and
-    without a key mask (left padding), in float64."""
-    import torch.nn.functional as F
-
-    from model import single_query_attention
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 4, 1, 8, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(3, 4, 11, 8, generator=g, dtype=torch.float64) for _ in range(2))
-    mask = torch.ones(3, 1, 1, 11, dtype=torch.bool)
-    mask[0, ..., :4] = False
-    mask[2, ..., :1] = False
-    for m in (None, mask):
-        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        assert torch.allclose(single_query_attention(q, k, v, m), ref, atol=1e-12, rtol=0)
-    assert not torch.allclose(single_query_attention(q, k, v, mask), single_query_attention(q, k, v))
