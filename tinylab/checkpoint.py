@@ -19,8 +19,10 @@ Only plain Python values and tensors are stored, so files load with torch.load(w
 
 The original study's checkpoints (RobertKirk/tinystories-wrappers' train.py) have llama2.c's six
 keys only, and its model.py can hold per-layer feature probes (`probes.{i}.weight`) and tuned
-lenses (`lenses.{i}.weight`) in the model's state dict. This model has neither head: loading keeps
-those entries aside (`aux_state`), and a resumed run writes them back unchanged.
+lenses (`lenses.{i}.weight`) in the model's state dict. Those are not model.py's weights: loading
+keeps them aside (`aux_state`). A run that trains heads of that kind (train.py probes=True /
+lenses=True, tinylab/probes.py) starts its heads from them; any other resumed run writes them
+back unchanged.
 """
 import os
 import random

@@ -407,7 +407,7 @@ class Trainer:
             path = os.path.join(self.out_dir, name)
             ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state, rng_per_rank), path)
             print(f"saved checkpoint to {path} (iter {self.iter_num})")
-            if self.cfg.get("export_bin"):  # beside it, as the original did (llama2.c v0, for run.c)
+            if self.cfg["export_bin"]:  # beside it, as the original did (llama2.c v0, for run.c)
                 export_bin(self.raw_model, os.path.join(self.out_dir, bin_name(name)), 0)
 
     # -- NaN guard without per-step host syncs: remember the first bad iteration on device
