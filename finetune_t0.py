@@ -4,13 +4,18 @@
         [--prefixlm=True] [--optimizer=adafactor --adafactor_preset=t0] [--loss_normalization=example]
     torchrun --nproc_per_node=N finetune_t0.py ...
     python finetune_t0.py --make_demo_data=data/t0_demo      # the built-in multitask set (tinylab/t0_demo.py)
+    python finetune_t0.py --model_dir=out/base --train-weighted-split-paths "T: 1 0:0.9 data/rte, 2 0:1 data/copa" \
+        --valid-weighted-split-paths "rte: 1 0.9:1 data/rte" --test-weighted-split-paths ...   # Megatron's arguments
+    python finetune_t0.py --preprocess --input=rte.jsonl --output_prefix=data/rte --model_dir=out/base
     python finetune_t0.py --help                              # every config key
 
 Examples of the mixture's training sources are drawn in proportion to their weights, packed
-greedily into rows of max_seq_len + 1 tokens, attend only within their own example (causal, or
+into rows of max_seq_len + 1 tokens (best-fit decreasing; --packing=next_fit: greedy), attend only within their own example (causal, or
 prefix-LM over the inputs), restart their positions at 0, and are trained on their targets only
 (tinylab/t0_data.py). Validation groups are evaluated on their own fixed rows (loss/valid/<name>) and, when
-they have answer_choices, by rank classification (rank_acc/<name>, tinylab/rank_eval.py).
+they have answer_choices, by rank classification (rank_acc/<name>, tinylab/rank_eval.py); test groups
+once at the end (loss/test/<name>). Megatron-DeepSpeed's indexed datasets and weighted-split arguments are
+read as there (tinylab/megatron_data.py).
 The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are tinylab/trainer.py's; the keys
 are declared in tinylab/schema.py (FINETUNE_T0).
 """
@@ -19,9 +24,9 @@ import os
 from tinylab.errors import UserError, cli_main
 from tinylab.rundir import check_output_dir
 from tinylab.schema import FINETUNE_T0
-from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, load_mixture
+from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
 from tinylab.t0_demo import write_demo_data
-from tinylab.t0_finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, resolve_tokenizer
+from tinylab.t0_finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
 from tinylab.trainer import (
     Run,
     Trainer,
@@ -47,7 +52,9 @@ def main(argv=None):
     cfg = FINETUNE_T0.parse(argv)  # every value checked; nothing is written before this
     if cfg["make_demo_data"]:
         return make_demo_data(cfg)
-    train_src, valid_src = load_mixture(cfg["mixture"])  # mistakes first, before anything is loaded
+    if cfg["preprocess"]:
+        return preprocess(cfg)
+    mixture = mixture_from_config(cfg)  # mistakes first, before anything is loaded
     base = base_checkpoint(cfg)
     base_len = base["model_args"]["max_seq_len"]
     if cfg["max_seq_len"] > base_len:
@@ -60,10 +67,11 @@ def main(argv=None):
     run = Run(cfg)
     with open_run_folder(cfg, run) as run_dir:
         encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
-        data = T0Data(train_src, valid_src, encoder, cfg["max_seq_len"] + 1,
-                      log=print if run.master else (lambda *a: None))
+        data = T0Data(mixture.train, mixture.valid, encoder, cfg["max_seq_len"] + 1,
+                      log=print if run.master else (lambda *a: None), test=mixture.test)
         seed_everything(cfg["seed"])  # identical initial weights on every rank
         model, ckpt = init_model(cfg, run, ckpt=base)
+        model.attention_impl = cfg["attention_impl"]  # how the packed rows attend (model.packed_attention)
         seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
         world = run.dist.world_size
         stream = data.stream(cfg)
@@ -74,13 +82,15 @@ def main(argv=None):
         fill = data.stream(cfg)
         fill.next_rows(256)
         report = {"sources": data.report, "fill_rate_first_256_rows": fill.fill_rate(), "mixing": cfg["mixing"],
-                  "held_out": [g["source"].name for g in data.valid if g["held_out"]]}
-        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt), best_metric="loss/valid")
+                  "packing": cfg["packing"],
+                  "held_out": [g["name"] for g in data.valid if g["held_out"]], "test": [g["name"] for g in data.test]}
+        state = training_state(cfg, ckpt, reset_progress=cfg["reset_progress"])  # reset: model_dir's optimizer state
+        trainer = Trainer(cfg, run, model, batches, evaluator, state, best_metric="loss/valid")
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         run_dir.write_json("data_report.json", report)
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters; rows of {cfg['max_seq_len'] + 1} tokens, "
-                  f"fill rate {fill.fill_rate():.3f} (first 256 rows, mixing={cfg['mixing']})")
+                  f"fill rate {fill.fill_rate():.3f} (first 256 rows, mixing={cfg['mixing']}, packing={cfg['packing']})")
         if run.master:
             trainer.logger.log({"iter": trainer.iter_num, "data": report}, kind="data")
         fit_and_close(trainer, run)

@@ -6,8 +6,9 @@ F.scaled_dot_product_attention, and a SwiGLU feed-forward with llama2.c's hidden
 Parameter names are llama2.c's, so its `ckpt.pt` files load unchanged.
 
 Additions over llama2.c, each needed by a driver:
-  - `attn_mask` / `position_ids` in forward: packed sequences and prefix-LM (finetune_t0.py),
-    left-padded generation prompts;
+  - `attn_mask` / `position_ids` in forward: left-padded generation prompts, any explicit mask;
+  - `segment_ids` / `prefix_mask` in forward: packed sequences and prefix-LM (finetune_t0.py),
+    the mask built inside (FlexAttention's block mask or an SDPA mask; `attention_impl`);
   - `loss_weights` in forward: per-token loss weights (target-only T0 losses);
   - `generate` with a KV cache (generation evaluations sample hundreds of tokens);
   - `hidden_states` (per-layer linear probes), `num_params`, `flops_per_token`, `estimate_mfu`;
@@ -15,11 +16,17 @@ Additions over llama2.c, each needed by a driver:
 """
 import math
 from dataclasses import dataclass, fields
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
+
+try:  # FlexAttention (torch >= 2.5): packed rows' block-sparse attention without a dense mask
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:
+    BlockMask = create_block_mask = flex_attention = None
 
 
 @dataclass
@@ -98,23 +105,28 @@ def apply_rotary_emb(xq, xk, cos, sin):
 
 
 def _head_chunk_rows(vocab_size):
-    # ~4M logits (16 MB in fp32) per chunk: big enough for efficient matmuls, small enough that
-    # the softmax passes run in cache instead of streaming a (tokens, vocab) tensor through memory
-    return max(1, (1 << 22) // vocab_size)
+    # ~4M logits (16 MB in fp32) per chunk, and at least 1024 rows: the weight gradient's product
+    # has the chunk's rows as its inner dimension and ran 2x slower with 131 rows (vocab 32000,
+    # dim 288, CPU) than with 1024-2048; at vocab 8192, 512-2048 rows time the same
+    return max(1024, (1 << 22) // vocab_size)
 
 
-def _chunked_cross_entropy(h, weight, targets, token_weights, need_h, need_w):
+def _chunked_cross_entropy(h, weight, targets, token_weights, need_h, need_w, mm):
     """(sum_i w_i * cross_entropy(h_i @ W.T, t_i), d/dh, d/dW), chunk by chunk of rows; the
-    gradients only when asked (None otherwise)."""
+    gradients only when asked (None otherwise).
+
+    mm: the dtype of the three matmuls (_matmul_dtype). The softmax, the loss and the gradients'
+    sums are in the compute dtype (fp32 for half precision), as autocast runs cross_entropy."""
     dt = _compute_dtype(h)
     grad_h = torch.empty(h.shape, dtype=dt, device=h.device) if need_h else None
     grad_w = torch.zeros(weight.shape, dtype=dt, device=h.device) if need_w else None
     loss = torch.zeros((), dtype=dt, device=h.device)
-    w_mat = weight.to(dt)
+    w_mat = weight.to(mm)
     rows = _head_chunk_rows(weight.shape[0])
     for s in range(0, h.shape[0], rows):
-        hc, tc, wc = h[s:s + rows].to(dt), targets[s:s + rows], token_weights[s:s + rows]
-        e = hc @ w_mat.t()
+        h_mm, tc, wc = h[s:s + rows].to(mm), targets[s:s + rows], token_weights[s:s + rows]
+        hc = h_mm.to(dt)  # the rows as the matmuls see them (rounded to mm)
+        e = (h_mm @ w_mat.t()).to(dt)  # the logits, rounded to mm as F.linear's would be
         target_logit = e.gather(1, tc[:, None]).squeeze(1)
         m = e.amax(dim=1)
         e.sub_(m[:, None]).exp_()  # e = exp(logits - max): the unnormalised softmax
@@ -124,42 +136,76 @@ def _chunked_cross_entropy(h, weight, targets, token_weights, need_h, need_w):
             # d loss / d logits = w * (softmax - onehot); the row scale w / z is applied to
             # the (rows, dim) side of each product instead of the (rows, vocab) side
             r = (wc / z)[:, None]
+            e_mm = e.to(mm)  # in [0, 1]: safe in half precision
             if need_h:
-                gh = torch.mm(e, w_mat).mul_(r)
-                grad_h[s:s + rows] = gh.sub_(w_mat[tc] * wc[:, None])
+                gh = torch.mm(e_mm, w_mat).to(dt).mul_(r)
+                grad_h[s:s + rows] = gh.sub_(w_mat[tc].to(dt) * wc[:, None])
             if need_w:
-                grad_w.addmm_(e.t(), hc * r)
+                if mm == dt:
+                    grad_w.addmm_(e.t(), hc * r)
+                else:
+                    # the row scales (~ 1 / tokens) divided by their largest, so that the rows stay
+                    # in fp16's range, and multiplied back in the fp32 sum
+                    scale = r.amax().clamp_min(torch.finfo(dt).tiny)
+                    grad_w.addcmul_(torch.mm(e_mm.t(), (hc * (r / scale)).to(mm)), scale)
                 grad_w.index_add_(0, tc, hc * wc[:, None], alpha=-1)
     return loss, grad_h, grad_w
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
+# The fused head as a custom operator: torch.compile keeps it as one opaque call (no graph break,
+# and no unrolling of the chunk loop into the graph), and its autograd formula is the gradients
+# computed in the forward pass, scaled by the incoming gradient. The casts are explicit
+# (mm_dtype: _matmul_dtype), so autocast is switched off inside.
+@torch.library.custom_op("tinylab::linear_cross_entropy", mutates_args=())
+def _fused_head(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, token_weights: torch.Tensor,
+                need_h: bool, need_w: bool, mm_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with torch.autocast(h.device.type, enabled=False):
+        loss, grad_h, grad_w = _chunked_cross_entropy(h, weight, targets, token_weights, need_h, need_w, mm_dtype)
+    # an operator returns tensors (distinct ones): empty = not computed
+    return tuple(h.new_empty(0, dtype=loss.dtype) if g is None else g for g in (loss, grad_h, grad_w))
+
+
+@_fused_head.register_fake
+def _(h, weight, targets, token_weights, need_h, need_w, mm_dtype):
+    dt = _compute_dtype(h)
+    return (h.new_empty((), dtype=dt), h.new_empty(h.shape if need_h else (0,), dtype=dt),
+            h.new_empty(weight.shape if need_w else (0,), dtype=dt))
+
+
+def _fused_head_setup(ctx, inputs, output):
+    h, weight, _, _, need_h, need_w, _ = inputs
+    ctx.save_for_backward(output[1], output[2])
+    ctx.need, ctx.dtypes = (need_h, need_w), (h.dtype, weight.dtype)
+
+
+def _fused_head_backward(ctx, grad_loss, *_):
+    grad_h, grad_w = ctx.saved_tensors
+    gh = (grad_h * grad_loss).to(ctx.dtypes[0]) if ctx.need[0] else None
+    gw = (grad_w * grad_loss).to(ctx.dtypes[1]) if ctx.need[1] else None
+    return gh, gw, None, None, None, None, None
+
+
+_fused_head.register_autograd(_fused_head_backward, setup_context=_fused_head_setup)
+
+
+def _matmul_dtype(x):
+    """The dtype F.linear multiplies `x` in: autocast's (which never casts fp64), else x's own."""
+    device = x.device.type
+    if x.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def linear_cross_entropy(h, weight, targets, loss_weights=None):
     """sum_i w_i * cross_entropy(h_i @ W.T, t_i) without materialising the (N, vocab) logits.
 
     The training loss only needs the logits' softmax, so the head matmul, the loss and both
     gradients are computed together chunk by chunk of rows in the forward pass (the gradients
     are kept and scaled by the incoming gradient in backward). Compared with `F.linear` +
     `F.cross_entropy` this saves the (N, vocab) logits and log-softmax tensors (134 MB each at
-    4096 tokens x 8192 vocab) and most of the passes over them.
-    """
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, token_weights):
-        loss, grad_h, grad_w = _chunked_cross_entropy(h, weight, targets, token_weights, *ctx.needs_input_grad[:2])
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
-        return loss.to(h.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = (grad_h * grad_loss).to(ctx.h_dtype) if grad_h is not None else None
-        gw = (grad_w * grad_loss).to(ctx.w_dtype) if grad_w is not None else None
-        return gh, gw, None, None
-
-
-def linear_cross_entropy(h, weight, targets, loss_weights=None):
-    """Head matmul + cross-entropy, fused and chunked (see _LinearCrossEntropy).
+    4096 tokens x 8192 vocab) and most of the passes over them. The matmuls run in the dtype
+    F.linear would use (autocast's, or half-precision inputs' own) and the loss in fp32, as
+    autocast's cross_entropy; under torch.compile it is one custom operator.
 
     h (N, dim), weight (vocab, dim), targets (N,) with -1 ignored. Returns the mean loss over
     non-ignored targets (as F.cross_entropy(ignore_index=-1)), or with `loss_weights` (N,) the
@@ -169,10 +215,10 @@ def linear_cross_entropy(h, weight, targets, loss_weights=None):
         valid = targets != -1
         loss_weights = valid.to(_compute_dtype(h)) / valid.sum()
     targets, loss_weights = targets.clamp_min(0), loss_weights.to(_compute_dtype(h))
-    if not torch.is_grad_enabled():
-        # evaluation: a Function would still see needs_input_grad and compute the gradients
-        return _chunked_cross_entropy(h, weight, targets, loss_weights, False, False)[0].to(h.dtype)
-    return _LinearCrossEntropy.apply(h, weight, targets, loss_weights)
+    grad = torch.is_grad_enabled()  # evaluation computes no gradients
+    loss = _fused_head(h, weight, targets, loss_weights, grad and h.requires_grad, grad and weight.requires_grad,
+                       _matmul_dtype(h))[0]
+    return loss.to(h.dtype)
 
 
 class KVCache:
@@ -218,6 +264,61 @@ class KVCache:
         self.v[:, r, :, s] = other.v[:, :, :, :other.length].permute(1, 3, 0, 2, 4)
 
 
+# ---------------------------------------------------------------------- packed rows' attention
+
+# how packed rows (segment_ids) attend: auto = flex on CUDA, sdpa elsewhere (Transformer.attention_impl)
+ATTENTION_IMPLS = ("auto", "sdpa", "flex")
+
+
+def _document_rule(seg_q, seg_k, q, k, inp_q=None, inp_k=None):
+    """May query q attend to key k? Same segment, and k <= q or (prefix-LM) both are input
+    tokens; padding (segment 0) attends to itself only, so no softmax row is empty. The one
+    definition, for the dense mask (broadcast tensors) and FlexAttention's mask_mod (scalars)."""
+    allowed = k <= q
+    if inp_q is not None:
+        allowed = allowed | (inp_q & inp_k)
+    return (seg_q == seg_k) & allowed & ((seg_q != 0) | (q == k))
+
+
+def document_mask(segment_ids, prefix_mask=None):
+    """Dense bool (B, T, T) mask of packed rows, True = may attend. segment_ids (B, T): 1, 2, ...
+    per example of a row, 0 on padding; prefix_mask (B, T) bool: the input tokens (prefix-LM),
+    None = causal."""
+    seg, t = segment_ids, torch.arange(segment_ids.shape[-1], device=segment_ids.device)
+    inp = () if prefix_mask is None else (prefix_mask[:, :, None], prefix_mask[:, None, :])
+    return _document_rule(seg[:, :, None], seg[:, None, :], t[:, None], t[None, :], *inp)
+
+
+def document_block_mask(segment_ids, prefix_mask=None):
+    """The same rule as FlexAttention's BlockMask (blocks of 128 x 128 that no query of the block
+    may attend to are skipped), shared by every layer and head."""
+    seg, inp = segment_ids, prefix_mask
+    if inp is None:
+        def mask_mod(b, h, q, k):
+            return _document_rule(seg[b, q], seg[b, k], q, k)
+    else:
+        def mask_mod(b, h, q, k):
+            return _document_rule(seg[b, q], seg[b, k], q, k, inp[b, q], inp[b, k])
+    B, T = seg.shape
+    return create_block_mask(mask_mod, B, None, T, T, device=seg.device)
+
+
+_compiled_flex = None
+
+
+def _flex_attention(q, k, v, block_mask, enable_gqa):
+    # the fused kernel is torch.compile's: compiled here unless the whole model already is. The
+    # CPU runs the eager (unfused) version: torch 2.13 has no FlexAttention backward there, and
+    # its compiled CPU kernel takes float32 only and failed to build for a second shape
+    global _compiled_flex
+    fn = flex_attention
+    if q.device.type != "cpu" and not torch.compiler.is_compiling():
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention)
+        fn = _compiled_flex
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -245,6 +346,10 @@ class Attention(nn.Module):
         xq, xk, xv = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
         if kv_cache is not None:
             xk, xv = kv_cache.update(self.layer_id, xk, xv)
+        if BlockMask is not None and isinstance(attn_mask, BlockMask):
+            # packed rows through FlexAttention (Transformer._packed_mask); it shares kv heads itself
+            out = _flex_attention(xq, xk, xv, attn_mask, self.n_rep > 1)
+            return self.resid_dropout(self.wo(out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)))
         if self.n_rep > 1:
             # expand kv heads to match query heads (GQA); head h uses kv head h // n_rep
             xk = xk.repeat_interleave(self.n_rep, dim=1)
@@ -275,6 +380,12 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    # activation checkpointing (Transformer.activation_checkpointing): in training the block keeps
+    # only its input and recomputes its activations in backward. It is applied inside forward, so
+    # the module tree and the state_dict keys stay as they are and hooks on the block (FSDP2's
+    # fully_shard) run outside the recomputed region.
+    checkpointed = False
+
     def __init__(self, layer_id: int, args: ModelArgs):
         super().__init__()
         self.layer_id = layer_id
@@ -283,7 +394,14 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 
-    def forward(self, x, cos, sin, attn_mask=None, kv_cache=None):
+    def forward(self, x, *args, **kwargs):
+        if self.checkpointed and torch.is_grad_enabled():
+            # the recomputation draws the same dropout masks: checkpoint restores the RNG state
+            # for it (and puts the state after the forward pass back afterwards)
+            return torch.utils.checkpoint.checkpoint(self._forward, x, *args, use_reentrant=False, **kwargs)
+        return self._forward(x, *args, **kwargs)
+
+    def _forward(self, x, cos, sin, attn_mask=None, kv_cache=None):
         h = x + self.attention(self.attention_norm(x), cos, sin, attn_mask, kv_cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -315,6 +433,22 @@ class Transformer(nn.Module):
             if pn.endswith("attention.wo.weight") or pn.endswith("feed_forward.w2.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * params.n_layers))
         self.last_loss = None
+        # how packed rows (segment_ids) attend, one of ATTENTION_IMPLS: a setting of the run that
+        # finetune_t0.py sets (its `attention_impl` key), not of the model's shape
+        self.attention_impl = "auto"
+
+    @property
+    def activation_checkpointing(self):
+        """Per-block activation checkpointing (torch.utils.checkpoint, non-reentrant) in training:
+        less memory for one more forward pass of the blocks. A setting of the run, not of the
+        model's shape: the trainer sets it (the `activation_checkpointing` key); checkpoints and
+        model_args do not record it."""
+        return any(layer.checkpointed for layer in self.layers)
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, on):
+        for layer in self.layers:
+            layer.checkpointed = bool(on)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -334,11 +468,47 @@ class Transformer(nn.Module):
         # per-token positions (B, T): packed examples restart at 0, left-padded prompts shift
         return self.freqs_cos[position_ids][:, :, None, :], self.freqs_sin[position_ids][:, :, None, :]
 
-    def _trunk(self, tokens, attn_mask=None, position_ids=None, kv_cache=None, collect=None):
+    def packed_attention(self, device):
+        """'flex' or 'sdpa': what packed rows on `device` run under self.attention_impl. auto =
+        FlexAttention on CUDA (its compiled kernel skips the masked blocks); SDPA elsewhere (torch
+        2.13 has no FlexAttention backward on the CPU) and with attention dropout (flex has none)."""
+        impl, dropout = self.attention_impl, self.training and self.params.dropout > 0
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, not {impl!r}")
+        if impl == "auto":
+            return "flex" if flex_attention is not None and device.type == "cuda" and not dropout else "sdpa"
+        if impl == "flex" and (flex_attention is None or dropout):
+            raise ValueError("attention_impl=flex needs torch >= 2.5 and no attention dropout "
+                             f"(torch {torch.__version__}, dropout {self.params.dropout})")
+        return impl
+
+    def _packed_mask(self, segment_ids, prefix_mask, attn_mask, kv_cache):
+        """Packed rows' mask, built once per forward and shared by every layer: a BlockMask (flex),
+        or for sdpa a (B, 1, T, T) mask: additive, in the attention's dtype, when gradients are
+        recorded (SDPA keeps the mask it is given for backward, and of a bool mask a float copy
+        per layer), bool otherwise (a quarter of the memory; nothing is kept)."""
+        if attn_mask is not None or kv_cache is not None:
+            raise ValueError("segment_ids make the attention mask: pass no attn_mask or kv_cache with them")
+        device = segment_ids.device
+        if self.packed_attention(device) == "flex":
+            return document_block_mask(segment_ids, prefix_mask)
+        allowed = document_mask(segment_ids, prefix_mask)[:, None]
+        if not torch.is_grad_enabled():
+            return allowed
+        dtype = self.tok_embeddings.weight.dtype
+        if torch.is_autocast_enabled(device.type) and dtype == torch.float32:
+            dtype = torch.get_autocast_dtype(device.type)
+        zero = torch.zeros((), dtype=dtype, device=device)
+        return torch.where(allowed, zero, zero - float("inf"))
+
+    def _trunk(self, tokens, attn_mask=None, position_ids=None, kv_cache=None, collect=None,
+               segment_ids=None, prefix_mask=None):
         """Embedding and all blocks; returns the final hidden states before the last norm."""
         start = kv_cache.length if kv_cache is not None else 0
         cos, sin = self._rope_tables(tokens.shape[1], position_ids, start)
-        if attn_mask is not None and attn_mask.dim() == 3:
+        if segment_ids is not None:
+            attn_mask = self._packed_mask(segment_ids, prefix_mask, attn_mask, kv_cache)
+        elif attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(1)  # (B, T, S) -> (B, 1, T, S), shared by all heads
         h = self.dropout(self.tok_embeddings(tokens))
         for layer in self.layers:
@@ -350,7 +520,8 @@ class Transformer(nn.Module):
         return h
 
     def forward(self, tokens, targets=None, attn_mask=None, position_ids=None,
-                loss_weights=None, kv_cache=None, all_logits=False, return_logits=True):
+                loss_weights=None, kv_cache=None, all_logits=False, return_logits=True,
+                segment_ids=None, prefix_mask=None):
         """llama2.c convention: with `targets` return logits for every position and set
         `self.last_loss` (mean cross-entropy, targets of -1 ignored; with `loss_weights` the
         weighted *sum* of per-token losses instead); without targets return only the
@@ -361,9 +532,13 @@ class Transformer(nn.Module):
 
         attn_mask: bool (B, T, S) or (B, 1, T, S), True = may attend; None means causal.
         position_ids: long (B, T) RoPE positions; None means 0..T-1 (offset by the KV cache).
+        segment_ids: long (B, T), packed rows (instead of attn_mask): 1, 2, ... per example, 0 on
+        padding; each example attends within itself, causally or, where prefix_mask (B, T) bool
+        marks its input tokens, both ways among those (document_mask). The mask is built here
+        per forward (attention_impl); pass the examples' own position_ids too.
         """
-        h = self.norm(self._trunk(tokens, attn_mask, position_ids, kv_cache))
-        if targets is not None and not return_logits and self._fused_head_ok(h):
+        h = self.norm(self._trunk(tokens, attn_mask, position_ids, kv_cache, segment_ids=segment_ids, prefix_mask=prefix_mask))
+        if targets is not None and not return_logits:
             self.last_loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.output.weight,
                                                   targets.reshape(-1), None if loss_weights is None else loss_weights.reshape(-1))
             return None
@@ -380,17 +555,12 @@ class Transformer(nn.Module):
             return self.output(h)
         return self.output(h[:, [-1], :])  # inference: only the last position is needed
 
-    @staticmethod
-    def _fused_head_ok(h):
-        # autocast (CUDA bf16/fp16) would need its casting rules re-implemented inside the fused
-        # function, and torch.compile fuses the plain head + loss itself: both use the plain path
-        return not torch.is_autocast_enabled(h.device.type) and not torch.compiler.is_compiling()
-
     @torch.no_grad()
-    def hidden_states(self, tokens, attn_mask=None, position_ids=None) -> List[torch.Tensor]:
+    def hidden_states(self, tokens, attn_mask=None, position_ids=None, segment_ids=None,
+                      prefix_mask=None) -> List[torch.Tensor]:
         """Output of every transformer block (before the final norm), one (B, T, dim) per layer."""
         collect = []
-        self._trunk(tokens, attn_mask, position_ids, collect=collect)
+        self._trunk(tokens, attn_mask, position_ids, collect=collect, segment_ids=segment_ids, prefix_mask=prefix_mask)
         return collect
 
     # ------------------------------------------------------------------ sizes

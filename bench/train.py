@@ -1,25 +1,49 @@
-"""Training throughput of a config on this device: tokens/s, ms/iter and MFU.
+"""Training throughput of a config on this device: tokens/s, ms/iter and MFU; and against llama2.c.
 
     python bench/train.py configs/base8M.py [--key=value ...] [--iters=20] [--warmup=3]
-    python bench/train.py configs/base8M.py --llama2c_dir=PATH/TO/llama2.c   # also time llama2.c
+    python bench/train.py configs/base8M.py --llama2c_dir=PATH/TO/llama2.c   # also time llama2.c's step
+    python bench/train.py configs/base8M.py --programs --llama2c_dir=PATH --vocab_source=llama2 --batch_size=8
 
-It runs the real training loop (trainer.Trainer, the one train.py uses) for a few iterations on
-random tokens with the config's shapes (no dataset needed; evaluation and checkpoints off), and
-reports the median of the timed iterations. With --llama2c_dir it also times llama2.c's model.py
-and its configure_optimizers, driven by llama2.c's train.py inner loop (micro-steps, clip,
-GradScaler, zero_grad), on the same shapes and the same random batches, for a like-for-like
-comparison. The CPU default compares fp32 without torch.compile, as llama2.c's train.py would run.
+Step mode (the default) runs the real training loop (trainer.Trainer, the one train.py uses) for a
+few iterations on random tokens with the config's shapes (no dataset needed; evaluation and
+checkpoints off), and reports the median of the timed iterations. With --llama2c_dir it also
+times llama2.c's model.py and its configure_optimizers, driven by llama2.c's train.py inner loop
+(micro-steps, clip, GradScaler, zero_grad), on the same shapes and the same random batches. With
+--repeats=N the two alternate N times; every repeat is printed.
+
+Programs mode (--programs, needs --llama2c_dir) runs both WHOLE programs as subprocesses, ours
+(train.py) and llama2.c's train.py, alternating (ABAB...) --repeats times, each for --iters
+iterations (default 30) on the same tokens: the built-in corpus (tinylab/synth_stories.py, 3
+shards) pretokenized once into a temporary folder, in our layout (<cache>/llama2/<name>/ or
+<cache>/tok{V}/<name>/ with a manifest) and, as links to the same uint16 shards, in llama2.c's
+(data/TinyStories_all_data/*.bin for vocab_source=llama2, data/tok{V}/*.bin for custom). Both do
+the same work: fp32 on the CPU (llama2.c's default dtype bfloat16 only autocasts on CUDA),
+gradient_accumulation_steps from the config (llama2.c's default is 4), two loss evaluations of
+one batch per split (at iteration 0 and at the end: llama2.c's eval_iters=1, eval_interval=iters-1,
+ours' eval_iters=1), no generations (max_new_tokens=0), one final ckpt.pt + model.bin each
+(llama2.c: always_save_checkpoint=True, as its default False would skip it). torch.compile:
+llama2.c's train.py defaults to compile=True; both programs get the same setting, ours' resolved
+`compile` unless --llama2c_compile says otherwise, and the compile time shows in iteration 0.
+--threads=N sets OMP_NUM_THREADS for both (default: torch's own choice, the same for both). Every
+run is printed (whole-process wall and CPU seconds, median ms/iter over iterations 1..iters-2,
+iteration 0, the load average), then the per-pair ratios.
 """
 import argparse
 import os
+import re
+import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tinylab.lm_eval import dataset_vocab  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
 
@@ -69,7 +93,7 @@ def bench_ours(cfg, iters, warmup):
     return ms, model, run, (statistics.median(mfu) if mfu else None)
 
 
-def bench_llama2c(cfg, iters, warmup, llama2c_dir, device):
+def bench_llama2c(cfg, iters, warmup, llama2c_dir, device, compile=False):
     """llama2.c's model + optimizer driven by its train.py inner loop, on the same batches."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("llama2c_model", os.path.join(llama2c_dir, "model.py"))
@@ -79,8 +103,10 @@ def bench_llama2c(cfg, iters, warmup, llama2c_dir, device):
     args = l2c.ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
                          vocab_size=cfg["vocab_size"], multiple_of=cfg["multiple_of"], max_seq_len=cfg["max_seq_len"],
                          dropout=cfg["dropout"])
-    model = l2c.Transformer(args).to(device)
-    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]), "cpu" if device == "cpu" else "cuda")
+    raw = model = l2c.Transformer(args).to(device)
+    if compile:  # as its train.py does (its default); the warmup iterations absorb the compilation
+        model = torch.compile(model)
+    optimizer = raw.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]), "cpu" if device == "cpu" else "cuda")
     scaler = torch.amp.GradScaler("cpu" if device == "cpu" else "cuda", enabled=False)
     batches = RandomBatches(cfg, device)
     accum = cfg["gradient_accumulation_steps"]
@@ -90,7 +116,7 @@ def bench_llama2c(cfg, iters, warmup, llama2c_dir, device):
     for it in range(warmup + iters):
         for micro_step in range(accum):
             model(X, Y)
-            loss = model.last_loss / accum
+            loss = raw.last_loss / accum
             X, Y = next(batches)
             scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -105,35 +131,165 @@ def bench_llama2c(cfg, iters, warmup, llama2c_dir, device):
     return statistics.median(times[warmup:]) * 1000
 
 
+# ---------------------------------------------------------------------- programs mode
+
+# both programs print "<iter> | loss <x> | lr <x> | <ms>ms | ..." once per iteration (log_interval=1)
+ITER_LINE = re.compile(r"^(\d+) \| loss \S+ \| lr \S+ \| ([\d.]+)ms", re.M)
+
+
+def build_corpus(root, cfg, iters):
+    """The built-in corpus pretokenized for cfg's vocabulary, in our layout and (as links to the
+    same shards) in llama2.c's; returns (our data_cache_dir, llama2.c's working folder, layout vocab)."""
+    from tinylab import tinystories_data
+    from tinylab.dataset_spec import parse_spec
+    layout_vocab, _ = dataset_vocab(cfg)
+    ours = os.path.join(root, "data")
+    # shards 1-2 train: at least twice the windows the run reads (llama2.c drops each shard's last)
+    stories = max(300, 2 * iters * cfg["batch_size"] * cfg["gradient_accumulation_steps"] * cfg["max_seq_len"] // 300)
+    tinystories_data.synthesize(ours, num_shards=3, stories_per_shard=stories, seed=0)
+    if layout_vocab:  # a custom vocabulary: the shipped tok{V}.model, as train.py would find it
+        shipped = os.path.join(REPO, "tokenizers", f"tok{layout_vocab}.model")
+        if os.path.isfile(shipped):
+            shutil.copy(shipped, os.path.join(ours, f"tok{layout_vocab}.model"))
+    manifest = tinystories_data.pretokenize(ours, layout_vocab, parse_spec(), dataset_name="bench", seed=0, workers=1)
+    shard_dir = os.path.join(ours, "llama2" if layout_vocab == 0 else f"tok{layout_vocab}", "bench")
+    theirs = os.path.join(root, "llama2c")
+    # llama2.c's tinystories.py globs data/TinyStories_all_data/*.bin (vocab_source=llama2) or data/tok{V}/*.bin
+    bins = os.path.join(theirs, "data", "TinyStories_all_data" if layout_vocab == 0 else f"tok{layout_vocab}")
+    os.makedirs(bins)
+    for shard in manifest["shards"]:
+        os.symlink(os.path.join(shard_dir, shard["file"]), os.path.join(bins, shard["file"]))
+    return ours, theirs, layout_vocab
+
+
+def program_commands(cfg, config_path, overrides, iters, data, l2c_dir, l2c_cwd, layout_vocab, l2c_compile, r):
+    """(ours, llama2.c's) command lines for run r: the same shapes, optimizer, data and work."""
+    ours = [sys.executable, os.path.join(REPO, "train.py"), *([config_path] if config_path else []), *overrides,
+            f"--data_cache_dir={data}", "--dataset_name=bench", f"--out_dir={os.path.join(os.path.dirname(data), f'ours-{r}')}",
+            f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1", "--max_new_tokens=0",
+            "--log_interval=1", "--wandb_log=False", "--init_from=scratch", "--export_bin=True", f"--device={cfg['device']}",
+            f"--dtype={cfg['dtype']}", f"--compile={cfg['compile']}"]
+    f = float  # llama2.c's configurator asserts the literal's type equals the default's
+    keys = dict(out_dir=f"out-{r}", device=cfg["device"], dtype=cfg["dtype"], compile=l2c_compile,
+                batch_size=cfg["batch_size"], gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
+                max_seq_len=cfg["max_seq_len"], dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
+                n_kv_heads=cfg["n_kv_heads"] or cfg["n_heads"], multiple_of=cfg["multiple_of"], dropout=f(cfg["dropout"]),
+                vocab_source="llama2" if layout_vocab == 0 else "custom", vocab_size=cfg["vocab_size"],
+                learning_rate=f(cfg["learning_rate"]), weight_decay=f(cfg["weight_decay"]), beta1=f(cfg["beta1"]),
+                beta2=f(cfg["beta2"]), grad_clip=f(cfg["grad_clip"]), warmup_iters=cfg["warmup_iters"],
+                decay_lr=cfg["decay_lr"], wandb_log=False, init_from="scratch", log_interval=1, eval_iters=1,
+                # iterations 0..iters-1; evaluations (and the checkpoint) at 0 and iters-1
+                max_iters=iters - 1, eval_interval=iters - 1, always_save_checkpoint=True)
+    # configurator.py literal_eval's each value; a bare word that is no literal stays a string
+    theirs = [sys.executable, os.path.join(l2c_dir, "train.py")] + [f"--{k}={v}" for k, v in keys.items()]
+    return ours, theirs
+
+
+def run_program(name, cmd, cwd, env, log_path):
+    """Wall s, CPU s (user + sys of the process tree), per-iteration ms list of one program run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = open(log_path).read()
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {proc.returncode}); the end of its output:\n{text[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, [float(ms) for _, ms in ITER_LINE.findall(text)]
+
+
+def bench_programs(cfg, args, config_path, overrides):
+    if not args.llama2c_dir or not os.path.isfile(os.path.join(args.llama2c_dir, "train.py")):
+        raise SystemExit("--programs needs --llama2c_dir=PATH, a llama2.c checkout (its train.py, model.py, tinystories.py)")
+    l2c_dir = os.path.abspath(args.llama2c_dir)
+    iters = args.iters if args.iters_given else 30
+    if iters < 4:
+        raise SystemExit("--programs needs --iters >= 4 (iterations 1..iters-2 are timed)")
+    l2c_compile = cfg["compile"] if args.llama2c_compile == "" else args.llama2c_compile == "True"
+    env = dict(os.environ, WANDB_MODE="disabled")
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = tmp
+        if args.keep_dir:  # the corpus, both programs' logs and run folders stay there
+            os.makedirs(args.keep_dir)
+            root = os.path.abspath(args.keep_dir)
+        data, l2c_cwd, layout_vocab = build_corpus(root, cfg, iters)
+        os.symlink(os.path.join(l2c_dir, "configurator.py"), os.path.join(l2c_cwd, "configurator.py"))
+        print(f"{iters} iterations each, batch {cfg['batch_size']}x{cfg['gradient_accumulation_steps']}, T={cfg['max_seq_len']}, "
+              f"vocab {cfg['vocab_size']}, dim {cfg['dim']}, {cfg['n_layers']} layers, "
+              f"{cfg['device']} {cfg['dtype']}, compile ours={cfg['compile']} llama2.c={l2c_compile}, "
+              f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '(unset: torch default ' + str(torch.get_num_threads()) + ')')}")
+        print(f"{'run':>3} {'program':10s} {'wall s':>7} {'CPU s':>7} {'ms/iter':>8} {'iter 0 ms':>9} {'load':>5}", flush=True)
+        for r in range(max(1, args.repeats)):
+            ours_cmd, l2c_cmd = program_commands(cfg, config_path, overrides, iters, data, l2c_dir, l2c_cwd, layout_vocab,
+                                                 l2c_compile, r)
+            pair = {}
+            for name, cmd, cwd in (("ours", ours_cmd, root), ("llama2.c", l2c_cmd, l2c_cwd)):
+                load = os.getloadavg()[0]
+                wall, cpu, its = run_program(name, cmd, cwd, env, os.path.join(root, f"{name}-{r}.log"))
+                if len(its) != iters:
+                    raise SystemExit(f"{name} logged {len(its)} iterations, expected {iters}")
+                ms = statistics.median(its[1:-1])
+                pair[name] = (wall, ms)
+                print(f"{r:>3} {name:10s} {wall:7.1f} {cpu:7.1f} {ms:8.1f} {its[0]:9.0f} {load:5.1f}", flush=True)
+            rows.append(pair)
+    walls = [p["llama2.c"][0] / p["ours"][0] for p in rows]
+    its = [p["llama2.c"][1] / p["ours"][1] for p in rows]
+    print("llama2.c / ours, per pair: wall " + " ".join(f"{x:.2f}" for x in walls)
+          + f" (median {statistics.median(walls):.2f}); ms/iter " + " ".join(f"{x:.2f}" for x in its)
+          + f" (median {statistics.median(its):.2f})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", default="configs/base8M.py")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--llama2c_dir", default="", help="a llama2.c checkout: also time its model.py")
-    p.add_argument("--repeats", type=int, default=2, help="alternate ours / llama2.c this many times; report the best")
+    p.add_argument("--iters", type=int, default=None, help="step mode: timed iterations (10); programs: iterations per run (30)")
+    p.add_argument("--warmup", type=int, default=3, help="step mode: untimed iterations first")
+    p.add_argument("--llama2c_dir", default="", help="a llama2.c checkout: also time its model.py (or, --programs, its train.py)")
+    p.add_argument("--repeats", type=int, default=2, help="alternate ours / llama2.c this many times (every repeat is printed)")
+    p.add_argument("--programs", action="store_true", help="time both whole train.py programs as subprocesses")
+    p.add_argument("--threads", type=int, default=0, help="torch threads for both (programs: OMP_NUM_THREADS); 0 = torch's default")
+    p.add_argument("--keep_dir", default="", help="programs: work in this new folder and keep it (logs, runs)")
+    p.add_argument("--llama2c_compile", default="", choices=("", "True", "False"),
+                   help="torch.compile llama2.c's model; '' = the same as ours")
     args, overrides = p.parse_known_args()
+    args.iters_given = args.iters is not None
+    if args.threads and not args.programs:
+        torch.set_num_threads(args.threads)
     device = "cpu" if not torch.cuda.is_available() else "cuda"
-    base = {"device": device, "compile": False} if device == "cpu" else {}
+    base = {"device": device, "dtype": "float32"} if device == "cpu" else {"device": device}
     cfg = TRAIN.parse([args.config] + [f"--{k}={v}" for k, v in base.items()] + overrides)
-    # CPU timings drift by +-20% between runs on shared machines: alternate the two programs and
-    # keep each one's best median, so a slow phase does not decide the comparison
-    best, best2 = None, None
-    for _ in range(max(1, args.repeats)):
-        ms, model, run, mfu = bench_ours(cfg, args.iters, args.warmup)
-        best = ms if best is None else min(best, ms)
-        if args.llama2c_dir:
-            ms2 = bench_llama2c(cfg, args.iters, args.warmup, args.llama2c_dir, run.device)
-            best2 = ms2 if best2 is None else min(best2, ms2)
-    ms, ms2 = best, best2
+    cfg["vocab_size"] = dataset_vocab(cfg)[1]  # vocab_source=llama2: 32000, as train.py sets it
+    if args.programs:
+        return bench_programs(cfg, args, os.path.abspath(args.config), [f"--{k}={v}" for k, v in base.items()] + overrides)
+    iters = args.iters if args.iters_given else 10
+    l2c_compile = cfg["compile"] if args.llama2c_compile == "" else args.llama2c_compile == "True"
     tokens = cfg["batch_size"] * cfg["max_seq_len"] * cfg["gradient_accumulation_steps"]
+    # CPU timings drift by +-20% between runs on shared machines: alternate the two and print
+    # every repeat; the per-pair ratios are the comparison
+    ours, theirs = [], []
+    for r in range(max(1, args.repeats)):
+        ms, model, run, mfu = bench_ours(cfg, iters, args.warmup)
+        ours.append(ms)
+        line = f"repeat {r}: tinystories-lab {ms:.1f} ms/iter ({tokens / ms * 1000:,.0f} tokens/s)"
+        if args.llama2c_dir:
+            theirs.append(bench_llama2c(cfg, iters, args.warmup, args.llama2c_dir, run.device, l2c_compile))
+            line += f", llama2.c {theirs[-1]:.1f} ms/iter: {theirs[-1] / ms:.2f}x"
+        print(line, flush=True)
     print(f"config {args.config}: {model.num_params() / 1e6:.2f}M params, dim {cfg['dim']}, {cfg['n_layers']} layers, "
           f"batch {cfg['batch_size']}x{cfg['gradient_accumulation_steps']}, T={cfg['max_seq_len']}, "
-          f"{run.device} {run.dtype}, compile={cfg['compile']}, torch threads {torch.get_num_threads()}")
+          f"{run.device} {run.dtype}, compile ours={cfg['compile']} llama2.c={l2c_compile}, torch threads {torch.get_num_threads()}")
+    ms = statistics.median(ours)
     mfu_s = f", MFU {mfu * 100:.1f}%" if mfu is not None else " (MFU: device peak unknown; pass --peak_flops=...)"
-    print(f"tinystories-lab: {ms:.1f} ms/iter, {tokens / ms * 1000:,.0f} tokens/s{mfu_s}")
+    print(f"tinystories-lab: median {ms:.1f} ms/iter, {tokens / ms * 1000:,.0f} tokens/s{mfu_s}")
     if args.llama2c_dir:
-        print(f"llama2.c      : {ms2:.1f} ms/iter, {tokens / ms2 * 1000:,.0f} tokens/s  (ours is {ms2 / ms:.2f}x its speed)")
+        ratios = [t / o for o, t in zip(ours, theirs)]
+        print(f"llama2.c      : median {statistics.median(theirs):.1f} ms/iter; llama2.c / ours per repeat "
+              + " ".join(f"{x:.2f}" for x in ratios) + f" (median {statistics.median(ratios):.2f})")
 
 
 if __name__ == "__main__":

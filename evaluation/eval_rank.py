@@ -65,6 +65,9 @@ def main(argv=None):
     prefixlm = cfg["prefixlm"] if args.prefixlm is None else args.prefixlm
     results, accs, held = {}, {}, set()
     for src, held_out in groups:
+        if src.kind == "megatron":
+            print(f"{src.name}: a Megatron prefix holds token ids, no answer_choices; skipped")
+            continue
         examples, skipped = rank_examples(read_records(src), encoder, args.score_eos, args.max_examples, args.seed)
         if not examples:
             print(f"{src.name}: no records with answer_choices containing the target; skipped")

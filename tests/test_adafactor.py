@@ -340,7 +340,8 @@ def test_presets_have_the_documented_settings():
                   "warmup_iters": 0, "weight_decay": 0.0, "grad_clip": 0.0,
                   "adafactor_scale_parameter": True, "adafactor_relative_step": False,
                   "adafactor_warmup_init": False, "adafactor_clip_threshold": 1.0,
-                  "adafactor_decay_rate": -0.8, "adafactor_beta1": 0.0}
+                  "adafactor_decay_rate": -0.8, "adafactor_beta1": 0.0,
+                  "adafactor_eps1": 1e-30, "adafactor_eps2": 1e-3}  # Mesh-TF's / HF's eps pair
     t5 = ADAFACTOR_PRESETS["hf_t5"]
     assert t5["adafactor_scale_parameter"] is False and t5["adafactor_relative_step"] is False
     assert t5["adafactor_warmup_init"] is False and t5["learning_rate"] == 1e-3 and t5["grad_clip"] == 0.0
@@ -387,6 +388,55 @@ def test_apply_optimizer_preset(capsys):
                                DEFAULTS)
     with pytest.raises(UserError, match="unknown adafactor_preset 'T0' .*t0, hf_t5, bloomz_adam"):
         apply_optimizer_preset({**DEFAULTS, "adafactor_preset": "T0"})
+
+
+def test_eps_keys_feed_adafactor_one_step_by_hand():
+    """adafactor_eps1 / adafactor_eps2 (HF's eps pair) reach every group; one step with
+    non-default values computed by hand (t = 1: beta2 = 0, so V = G^2 + eps1), for a vector
+    (V elementwise) and a factored 2 x 2 matrix (V_ij = R_i C_j / mean(R))."""
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.v = torch.nn.Parameter(torch.tensor([1e-4, -2e-4, 3e-4], dtype=torch.float64))
+            self.m = torch.nn.Parameter(torch.tensor([[0.5, -0.5], [0.25, 0.0]], dtype=torch.float64))
+
+    cfg = {**TRAIN.defaults(), "optimizer": "adafactor", "learning_rate": 0.1, "weight_decay": 0.0,
+           "adafactor_eps1": 1e-3, "adafactor_eps2": 1e-2}
+
+    def one_step(cfg):
+        model = Two()
+        opt = adafactor_from_config(model, cfg)
+        model.v.grad = torch.tensor([0.1, -0.05, 0.0], dtype=torch.float64)
+        model.m.grad = torch.tensor([[0.2, 0.0], [0.0, -0.1]], dtype=torch.float64)
+        opt.step()
+        return opt, model
+
+    opt, model = one_step(cfg)
+    assert all(g["eps"] == (1e-3, 1e-2) for g in opt.param_groups)
+    # the vector: V = G^2 + eps1 = [0.011, 0.0035, 0.001], U = G / sqrt(V), RMS(U) < 1 (no clip);
+    # RMS(x) = 2.16e-4 < eps2, so alpha = lr * eps2 = 1e-3
+    u = [0.1 / math.sqrt(0.011), -0.05 / math.sqrt(0.0035), 0.0]
+    assert math.sqrt(sum(x * x for x in u) / 3) < 1
+    want_v = [1e-4 - 1e-3 * u[0], -2e-4 - 1e-3 * u[1], 3e-4]
+    # the matrix: Q = G^2 + eps1 = [[0.041, 0.001], [0.001, 0.011]], row means R = [0.021, 0.006],
+    # column means C = [0.021, 0.006], mean(R) = 0.0135; alpha = lr * RMS(x) = 0.1 * 0.375
+    V = [[0.021 * 0.021 / 0.0135, 0.021 * 0.006 / 0.0135], [0.006 * 0.021 / 0.0135, 0.006 * 0.006 / 0.0135]]
+    U = [[0.2 / math.sqrt(V[0][0]), 0.0], [0.0, -0.1 / math.sqrt(V[1][1])]]
+    rms = math.sqrt((U[0][0] ** 2 + U[1][1] ** 2) / 4)  # 1.115 > clip_threshold 1: clipped
+    want_m = [[0.5 - 0.0375 * U[0][0] / rms, -0.5], [0.25, 0.0 - 0.0375 * U[1][1] / rms]]
+    np.testing.assert_allclose(model.v.detach().numpy(), want_v, rtol=1e-12, atol=1e-18)
+    np.testing.assert_allclose(model.m.detach().numpy(), want_m, rtol=1e-12, atol=1e-18)
+    # the defaults (T0's 1e-30, 1e-3) give another step: the keys are what changed it
+    _, default = one_step({**cfg, "adafactor_eps1": 1e-30, "adafactor_eps2": 1e-3})
+    assert not torch.allclose(default.v, model.v) and not torch.allclose(default.m, model.m)
+    for bad in ("0", "-1e-3", "x"):
+        with pytest.raises(UserError, match="adafactor_eps1"):
+            TRAIN.parse([f"--adafactor_eps1={bad}"])
+        with pytest.raises(UserError, match="adafactor_eps2"):
+            TRAIN.parse([f"--adafactor_eps2={bad}"])
+    # a preset keeps the values the user gave
+    assert apply_optimizer_preset({**DEFAULTS, "adafactor_preset": "t0", "adafactor_eps1": 1e-20},
+                                  DEFAULTS)["adafactor_eps1"] == 1e-20
 
 
 def test_build_optimizer_on_tiny_transformer():

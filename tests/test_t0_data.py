@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import TOK8192
 
+from model import document_mask
 from tinylab import hub
 from tinylab import t0_data as T
 from tinylab.errors import UserError
@@ -85,6 +86,36 @@ def test_truncation_and_drop_counters(tok):
     row = T.tokenize_rows("s", rows, enc, row_len=short + 1)
     assert (row.stats["dropped_longer_than_row"], row.stats["examples"]) == (1, 1)
     assert row.shortest == short
+
+
+def test_truncate_side_right_keeps_the_beginning_as_mesh_tf(tok):
+    """truncate_side=right keeps an input's first max_input_len tokens: seqio's trim_dataset and
+    Mesh-TF's pack_or_pad cut every feature as v[:length] (re-implemented here); left, the
+    default, keeps BOS + the last tokens. Targets are cut the same way either side."""
+    text = "one two three four five six seven eight nine ten"
+    full_in = tok.encode(text, bos=True)
+    full_tgt = tok.encode("a b c d e f g", bos=False, eos=True)
+    right = T.ExampleEncoder(tok, max_input_len=6, max_target_len=4, truncate_side="right")
+    left = T.ExampleEncoder(tok, max_input_len=6, max_target_len=4)
+    assert right.clip_input(full_in) == full_in[:6] and right.clip_input(full_in)[0] == tok.bos_id
+    assert left.clip_input(full_in) == [tok.bos_id] + full_in[-5:]
+    assert right.clip_input(full_in[:6]) == left.clip_input(full_in[:6]) == full_in[:6]  # fits: unchanged
+    no_bos = T.ExampleEncoder(tok, add_bos=False, max_input_len=4, truncate_side="right")
+    assert no_bos.clip_input(full_in[1:]) == full_in[1:5]
+    ex = T.tokenize_rows("s", [{"inputs": text, "targets": "a b c d e f g"}], right)
+    ids, n_in = list(ex.ids[0]), ex.n_input[0]
+    assert ids[:n_in] == full_in[:6] and ids[n_in:] == full_tgt[:3] + [tok.eos_id]
+    assert (ex.stats["truncated_inputs"], ex.stats["truncated_targets"]) == (1, 1)
+    # rank evaluation cuts its prompts with the same function
+    from tinylab.rank_eval import rank_examples
+    rank, _ = rank_examples([{"inputs": text, "targets": "yes", "answer_choices": ["yes", "no"]}], right)
+    assert rank[0][0] == full_in[:6]
+    with pytest.raises(UserError, match="truncate_side must be 'left' or 'right'"):
+        T.ExampleEncoder(tok, truncate_side="middle")
+    from tinylab.schema import FINETUNE_T0
+    with pytest.raises(UserError, match="truncate_side"):
+        FINETUNE_T0.parse(["--model_dir=m", "--truncate_side=end"])
+    assert FINETUNE_T0.parse(["--model_dir=m"])["truncate_side"] == "left"
 
 
 # ---------------------------------------------------------------------- mixture files
@@ -301,7 +332,7 @@ def examples_from_lengths(name, lengths, seed=0):
 def test_next_fit_packing_rows_and_arrays():
     lengths = [random_lengths(50, 1), random_lengths(30, 2)]
     examples = [examples_from_lengths("a", lengths[0], 1), examples_from_lengths("b", lengths[1], 2)]
-    stream = T.PackedStream(lengths, [1, 1], row_len=64, seed=3)
+    stream = T.PackedStream(lengths, [1, 1], row_len=64, seed=3, packing="next_fit")
     rows = stream.next_rows(40)
     for r, nxt in zip(rows, rows[1:]):
         used = sum(lengths[s][i] for s, i in r)
@@ -321,13 +352,13 @@ def test_next_fit_packing_rows_and_arrays():
     assert stream.fill_rate() == pytest.approx(filled / (40 * 64))
     assert filled / (40 * 64) == pytest.approx((seg != 0).mean())
     # seeded: the same seed gives the same rows, another seed other rows
-    assert T.PackedStream(lengths, [1, 1], 64, seed=3).next_rows(40) == rows
-    assert T.PackedStream(lengths, [1, 1], 64, seed=4).next_rows(40) != rows
+    assert T.PackedStream(lengths, [1, 1], 64, seed=3, packing="next_fit").next_rows(40) == rows
+    assert T.PackedStream(lengths, [1, 1], 64, seed=4, packing="next_fit").next_rows(40) != rows
 
 
 def test_every_example_once_per_epoch_in_a_new_order():
     lengths = [random_lengths(37, 5)]
-    stream = T.PackedStream(lengths, [1.0], row_len=50, seed=0)
+    stream = T.PackedStream(lengths, [1.0], row_len=50, seed=0, packing="next_fit")
     seen = [i for row in stream.next_rows(400) for _, i in row]
     epoch0, epoch1 = seen[:37], seen[37:74]
     assert sorted(epoch0) == sorted(epoch1) == list(range(37)) and epoch0 != epoch1
@@ -336,13 +367,13 @@ def test_every_example_once_per_epoch_in_a_new_order():
 def test_mixture_proportions_within_binomial_tolerance():
     weights = [1.0, 2.0, 5.0]
     lengths = [random_lengths(n, s) for n, s in ((20, 1), (300, 2), (1000, 3))]
-    rows = T.PackedStream(lengths, weights, row_len=128, seed=0).next_rows(3000)
+    rows = T.PackedStream(lengths, weights, row_len=128, seed=0, packing="next_fit").next_rows(3000)
     counts = np.bincount([s for row in rows for s, _ in row], minlength=3)
     n, p = counts.sum(), np.array(weights) / sum(weights)
     assert n > 10000
     assert (np.abs(counts / n - p) < 4 * np.sqrt(p * (1 - p) / n)).all(), (counts / n, p)
     # Megatron's row blend: single-source rows whose counts track the weights to within one row
-    stream = T.PackedStream(lengths, weights, row_len=128, seed=0, mixing="row")
+    stream = T.PackedStream(lengths, weights, row_len=128, seed=0, mixing="row", packing="next_fit")
     for k in range(1, 801):
         row = stream.next_row()
         assert len({s for s, _ in row}) == 1
@@ -352,11 +383,11 @@ def test_mixture_proportions_within_binomial_tolerance():
 @pytest.mark.parametrize("mixing", ["example", "row"])
 def test_stream_state_resumes_exactly(mixing):
     lengths = [random_lengths(13, 1), random_lengths(29, 2)]
-    ref = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing)
+    ref = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
     ref.next_rows(57)  # a few epochs of the small source, an open carried example
     state = json.loads(json.dumps(ref.state_dict()))  # plain values only
     want = ref.next_rows(50)
-    resumed = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing)
+    resumed = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
     resumed.load_state_dict(state)
     assert resumed.next_rows(50) == want and resumed.fill_rate() == ref.fill_rate()
 
@@ -384,7 +415,7 @@ def random_rows(R=4, L=24, seed=0):
 def test_attention_mask_matches_brute_force(prefixlm):
     seg_full, inp_full = random_rows(6, 30, seed=int(prefixlm))
     seg, inp = seg_full[:, :-1], inp_full[:, :-1]
-    mask = T.attention_mask(seg, inp, prefixlm)
+    mask = document_mask(seg, inp if prefixlm else None)  # what the model builds from segment ids
     R, L = seg.shape
     for b in range(R):
         for q in range(L):

@@ -57,7 +57,7 @@ def test_validation_rows_are_fixed_and_groups_separate(setup):
     data = T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
     model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
     ev = T0Evaluator(cfg, Run(cfg), data, enc, data.stream(cfg))
-    assert ev.groups[0]["arrays"][0].shape == (4, 129)  # eval_iters * batch_size rows
+    assert ev.groups[0]["members"][0]["arrays"][0].shape == (4, 129)  # eval_iters * batch_size rows
     with torch.no_grad():
         a, b = ev(model, 0, False), ev(model, 1, False)
         model.layers[0].attention.wq.weight.mul_(1.5)
@@ -82,6 +82,55 @@ def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
     assert ckpt["optimizer_name"] == "adafactor" and ckpt["config"]["grad_clip"] == 0.0
     assert ckpt["config"]["learning_rate"] == 3e-3 and ckpt["config"]["lr_scheduling"] is False
     assert ckpt["config"]["max_seq_len"] == 100 and ckpt["model_args"]["max_seq_len"] == 100
+
+
+def test_reset_progress_keeps_the_optimizer_and_restarts_the_schedule(setup, tmp_path):
+    """reset_progress=True (Megatron's --reset-progress without --no-load-optim) on a finetuned
+    checkpoint: the Trainer starts with exactly the checkpoint's optimizer state (a plain
+    resume_model starts with none) at iteration 0; the run's LRs are the fresh schedule's from 0
+    and AdamW's step counts continue from the checkpoint's."""
+    from tinylab.optim import lr_at
+    from tinylab.trainer import Trainer, init_model, training_state
+    mixture, base = setup
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    common = dict(rank_eval_examples=0, eval_interval=100, lr_scheduling=True, warmup_iters=2, lr_decay_iters=6,
+                  min_lr=1e-4)
+    finetune_t0.main(t0_args(mixture, base, first, max_iters=3, **common))
+    saved = torch.load(os.path.join(first, "ckpt.pt"), weights_only=True)
+    assert saved["iter_num"] == 3 and saved["optimizer"]["state"]
+
+    cfg = FINETUNE_T0.parse(t0_args(mixture, first, str(tmp_path / "unused"), reset_progress=True, max_iters=4,
+                                    **common))
+    run = Run(cfg)
+    model, ckpt = init_model(cfg, run)
+    trainer = Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt, reset_progress=True))
+    state = trainer.optimizer.state_dict()["state"]
+    assert state.keys() == saved["optimizer"]["state"].keys()
+    for k, st in saved["optimizer"]["state"].items():
+        assert st.keys() == state[k].keys() and all(torch.equal(v, state[k][n]) for n, v in st.items()), k
+    assert (trainer.iter_num, trainer.tokens_seen, trainer.best_val_loss, trainer.lr_rewarmup) == (0, 0, 1e9, None)
+    assert not Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt)).optimizer.state_dict()["state"]
+
+    finetune_t0.main(t0_args(mixture, first, second, reset_progress=True, max_iters=4, **common))
+    train = [r for r in read_metrics(second) if r["kind"] == "train"]
+    assert [r["iter"] for r in train] == [0, 1, 2, 3]
+    assert [r["lr"] for r in train] == [lr_at(it, cfg) for it in range(4)]  # the schedule from its start
+    assert train[0]["lr"] == pytest.approx(3e-3 / 3)  # warmup step 1 of 2 again (the first run's was at 3)
+    after = torch.load(os.path.join(second, "ckpt.pt"), weights_only=True)
+    assert after["iter_num"] == 4 and after["loader"]["stream"]["rows"] == 4 * 8  # the data from its start too
+    assert all(float(st["step"]) == 3 + 4 for st in after["optimizer"]["state"].values())  # kept, continued
+
+    # the rules: resume_model only; a checkpoint without optimizer state or of another optimizer
+    with pytest.raises(UserError, match="reset_progress=True .* needs init_from=resume_model"):
+        FINETUNE_T0.parse(t0_args(mixture, first, second, reset_progress=True, init_from="resume_train"))
+    from tinylab.trainer import progress_reset
+    no_optimizer = FINETUNE_T0.parse(t0_args(mixture, base, second, reset_progress=True))
+    with pytest.raises(UserError, match="which has none"):
+        progress_reset(no_optimizer, ckpt_lib.load_checkpoint(os.path.join(base, "ckpt.pt")))
+    out = str(tmp_path / "bad")
+    with pytest.raises(UserError, match="config says optimizer=adafactor"):
+        finetune_t0.main(t0_args(mixture, first, out, reset_progress=True, optimizer="adafactor", **common))
+    assert not os.path.exists(os.path.join(out, "config.json"))
 
 
 def test_presets_fill_finetuning_keys_unless_set():

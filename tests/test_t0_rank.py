@@ -71,7 +71,7 @@ class Planted(nn.Module):
         with torch.no_grad():
             self.bias[fav], self.bias[second] = 5.0, 2.0
 
-    def forward(self, tokens, attn_mask=None, position_ids=None, all_logits=False):
+    def forward(self, tokens, segment_ids=None, prefix_mask=None, position_ids=None, all_logits=False):
         return self.bias.expand(*tokens.shape, -1)
 
 

@@ -9,7 +9,9 @@ schema.py; this module is the machinery both kinds of command line use:
         python train.py configs/a.py configs/b.py --key=value --other=1e-4
     config files are Python, exec'd in order with the current config as their namespace; then
     each `--key=value` is parsed with ast.literal_eval (a bare word stays a string) and
-    type-checked; `out_dir` `{key}` placeholders are filled; `--help` prints the schema;
+    type-checked; `out_dir` `{key}` placeholders are filled; `--help` prints the schema; a key
+    declared with `nargs` may also be written as another program spells it, `--flag V1 V2 ...`
+    (finetune_t0.py's Megatron arguments: --train-weighted-split-paths "A: 1 0:1 P");
   - the tools (sample.py, grow.py, export.py, evaluation/...): argparse options made from Keys
     (`Schema.argparser`), so their values pass the same checks and bad flags are one line too.
 
@@ -50,6 +52,10 @@ class Key:
     aliases: tuple = ()  # other spellings accepted (the original study's, llama2.c's)
     check: Optional[Callable] = None
     required: bool = False  # tools only: the flag must be given
+    sep: Optional[str] = ","  # a list key given one string splits it here (None: the string is one item)
+    # drivers only, for another program's spelling (Megatron's): 0 = `--flag` alone means True,
+    # 1 = `--flag VALUE`, "+" = `--flag V1 V2 ...` (a list key: the values up to the next -option)
+    nargs: Optional[object] = None
 
     def __post_init__(self):
         t = self.type or type(self.default)
@@ -80,7 +86,7 @@ class Key:
             return list(value)
         elif t is list and isinstance(value, str):
             # the original study's configs write lists as "a,b,c" (eval_dataset_names, wandb_tags)
-            return [s.strip() for s in value.split(",") if s.strip()]
+            return [value] if self.sep is None else [s.strip() for s in value.split(self.sep) if s.strip()]
         elif t is dict and isinstance(value, dict):
             return value
         want = "list of str" if t is list else t.__name__
@@ -221,9 +227,16 @@ class Schema:
             print(self.help())
             sys.exit(0)
         cfg, sources = self.defaults(), {}
-        for arg in argv:
+        argv = list(argv)
+        while argv:
+            arg = argv.pop(0)
             if arg.startswith("--"):
                 body = arg[2:]
+                spaced = self.keys.get(self.aliases.get(body, body))
+                if "=" not in body and spaced is not None and spaced.nargs is not None:
+                    cfg[spaced.name] = spaced.convert(_spaced_values(arg, spaced.nargs, argv), arg)
+                    sources[spaced.name] = arg
+                    continue
                 if "=" not in body:
                     raise UserError(f"argument {arg} has no value: use --key=value (e.g. {arg}=...)")
                 name, raw = body.split("=", 1)
@@ -309,6 +322,21 @@ class Schema:
         sources = {n: f"--{n}" for n in self.keys}
         self.validate(cfg, sources)
         return ns
+
+
+def _spaced_values(flag, nargs, rest):
+    """Take a spaced flag's values from the front of `rest` (argparse's rule: up to the next
+    argument that starts with '-')."""
+    if nargs == 0:
+        return True
+    n = next((i for i, a in enumerate(rest) if a.startswith("-")), len(rest))
+    if n == 0:
+        raise UserError(f"{flag} needs a value ({flag} VALUE{' ...' if nargs == '+' else ''})")
+    if nargs == 1:
+        return rest.pop(0)
+    values = rest[:n]
+    del rest[:n]
+    return values
 
 
 class _ArgConverter:

@@ -140,7 +140,7 @@ def set_lr(optimizer, lr):
 
 _ADAFACTOR_HF = {"adafactor_clip_threshold": 1.0, "adafactor_decay_rate": -0.8,
                  "adafactor_beta1": 0.0, "adafactor_warmup_init": False,
-                 "adafactor_relative_step": False}
+                 "adafactor_relative_step": False, "adafactor_eps1": 1e-30, "adafactor_eps2": 1e-3}
 
 
 ADAFACTOR_PRESETS = {
@@ -206,7 +206,8 @@ def adafactor_from_config(model, cfg, overrides=None):
 
     Parameter groups are optim.param_groups' (names, lr_scale, weight decay on >= 2-D tensors);
     with relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True
-    lr is None (the step size comes from the step count; learning_rate is ignored).
+    lr is None (the step size comes from the step count; learning_rate is ignored). eps is HF's
+    pair (adafactor_eps1, adafactor_eps2): eps1 added to G^2, eps2 the RMS floor of the step size.
     """
     c = cfg
     overrides = overrides or {}
@@ -221,7 +222,8 @@ def adafactor_from_config(model, cfg, overrides=None):
         for g in groups:
             g["lr"] = lr * g.get("lr_scale", 1.0)
     beta1 = c["adafactor_beta1"]
-    return Adafactor(groups, lr=lr, clip_threshold=c["adafactor_clip_threshold"],
+    return Adafactor(groups, lr=lr, eps=(c["adafactor_eps1"], c["adafactor_eps2"]),
+                     clip_threshold=c["adafactor_clip_threshold"],
                      decay_rate=c["adafactor_decay_rate"], beta1=beta1 if beta1 else None,
                      scale_parameter=bool(c["adafactor_scale_parameter"]), relative_step=relative,
                      warmup_init=bool(c["adafactor_warmup_init"]))

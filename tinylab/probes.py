@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import Transformer, linear_cross_entropy
+from model import linear_cross_entropy
 from tinylab.checkpoint import clean_state_dict
 from tinylab.dataset_spec import (
     FEATURES,
@@ -257,11 +257,8 @@ def probe_accuracy(logits, labels):
 
 
 def _next_token_loss(h, weight, targets):
-    # the model's own loss: fused head + cross-entropy when it can (no (N, vocab) logits)
-    if Transformer._fused_head_ok(h):
-        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1))
-    logits = F.linear(h, weight)
-    return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+    # the model's own loss: fused head + cross-entropy (no (N, vocab) logits)
+    return linear_cross_entropy(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1))
 
 
 class LensHeads(LayerHeads):

@@ -6,7 +6,7 @@ import statistics
 import numpy as np
 import torch
 
-from tinylab.t0_data import ExampleEncoder, attention_mask, position_ids, usable
+from tinylab.t0_data import ExampleEncoder, position_ids, usable
 
 
 def rank_examples(rows, encoder: ExampleEncoder, score_eos=False, limit=0, seed=0):
@@ -66,7 +66,7 @@ def score_choices(model, pairs, batch_size=16, prefixlm=False):
             is_input[b, :n_prompt[i]] = True
             scored[b, n_prompt[i] - 1:n] = True  # labels that are choice tokens
         seg, is_input = seg.to(device), is_input.to(device)
-        logits = model(tokens.to(device), attn_mask=attention_mask(seg, is_input, prefixlm),
+        logits = model(tokens.to(device), segment_ids=seg, prefix_mask=is_input if prefixlm else None,
                        position_ids=position_ids(seg), all_logits=True)
         logp = torch.log_softmax(logits.to(torch.float64), dim=-1).gather(-1, labels.to(device)[..., None])[..., 0]
         sums = (logp * scored.to(device)).sum(1).cpu().numpy()

@@ -10,8 +10,10 @@
 The machinery (parsing, validation, --help) is config.py's. Cross-key rules are the functions
 below the declarations; everything is checked before a run writes anything.
 """
+from model import ATTENTION_IMPLS, flex_attention
 from tinylab.config import Key, Schema, check_device
 from tinylab.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.distributed import PARALLELISMS, check_fsdp_setting
 from tinylab.errors import UserError
 from tinylab.growth import (
     C_DEPTH,
@@ -23,8 +25,9 @@ from tinylab.growth import (
     parse_grow_schedule,
 )
 from tinylab.growth import MODES as GROW_MODES
+from tinylab.megatron_data import check_weighted_splits
 from tinylab.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
-from tinylab.t0_data import MIXINGS, NORMALIZATIONS, TRUNCATIONS
+from tinylab.t0_data import MAX_PACK_BUFFER, MIXINGS, NORMALIZATIONS, PACKINGS, TRUNCATE_SIDES, TRUNCATIONS
 
 INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name for resume_train
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -156,6 +159,9 @@ ADAFACTOR = [
     Key("adafactor_clip_threshold", 1.0, "update clipping threshold", range=POSITIVE),
     Key("adafactor_decay_rate", -0.8, "second-moment decay exponent (beta2_t = 1 - t^decay_rate)", range="[-inf, 0]"),
     Key("adafactor_beta1", 0.0, "first moment; 0 = none", range=FRACTION),
+    Key("adafactor_eps1", 1e-30, "added to the squared gradient (HF's eps[0]; Mesh-TF / T0: 1e-30)", range=POSITIVE),
+    Key("adafactor_eps2", 1e-3, "floor of a tensor's RMS in the scale_parameter step size (HF's eps[1]; T0: 1e-3)",
+        range=POSITIVE),
 ]
 
 GROW_C_WIDTH = Key("grow_c_width", C_WIDTH, "target mode: S_target = S_pre / c after width growth", range="[1, inf)")
@@ -193,6 +199,11 @@ DTYPE = Key("dtype", "", "'' = bfloat16 on CUDA (float16 without bf16 support), 
 SYSTEM = [
     DEVICE, DTYPE,
     Key("compile", False, "torch.compile the model"),
+    Key("parallelism", "ddp", "with torchrun: ddp = a full replica per process (DistributedDataParallel) | fsdp = "
+        "parameters, gradients and optimizer state sharded over the processes (FSDP2 fully_shard per block; also "
+        "without torchrun, as one process); docs/training.md", choices=PARALLELISMS),
+    Key("activation_checkpointing", False, "recompute each block's activations in backward instead of keeping "
+        "them (torch.utils.checkpoint): less memory, about one more forward pass of the blocks per step"),
     Key("peak_flops", 0.0, "the device's peak FLOP/s for MFU; 0 = known GPUs only (A100, H100, H200 bf16)",
         range=NONNEG),
 ]
@@ -254,6 +265,22 @@ def check_growth(cfg):
     parse_auto_growth(cfg)
 
 
+def check_parallelism(cfg):
+    """What FSDP cannot do here (train.py's and finetune_t0.py's keys; absent ones are skipped)."""
+    if cfg["parallelism"] != "fsdp":
+        return
+    check_fsdp_setting(cfg["device"], cfg["dtype"])
+    if cfg["optimizer"] == "adafactor":
+        raise UserError("parallelism=fsdp needs optimizer=adamw: Adafactor's factored moments need whole matrices, "
+                        "not row shards (use parallelism=ddp for Adafactor)")
+    if cfg.get("probes") or cfg.get("lenses"):
+        raise UserError("parallelism=fsdp trains the whole model; probes / lenses train small heads on a frozen "
+                        "one: use parallelism=ddp")
+    if cfg.get("grow_schedule"):
+        raise UserError("parallelism=fsdp cannot grow inside the run (grow_schedule): train with parallelism=ddp, or "
+                        "grow the fsdp run's ckpt.pt with grow.py and resume that with parallelism=fsdp")
+
+
 def check_heads(cfg):
     if cfg["probes"] and cfg["lenses"]:
         raise UserError("probes=True and lenses=True: one kind of heads per run (the original logs both as "
@@ -279,14 +306,15 @@ TRAIN = Schema("train.py", [
     ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
     ("generation evaluation", GENERATION), ("system", SYSTEM),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
-       check_heads],
+       check_heads, check_parallelism],
     prepare=prepare_train)
 
 
 # ---------------------------------------------------------------------- finetune_t0.py
 
 T0_DATA = [
-    Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources]} (docs/t0.md)"),
+    Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
+        "(docs/t0.md)"),
     Key("make_demo_data", "", "write the built-in multitask set to this folder and exit"),
     Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
         choices=MIXINGS),
@@ -297,6 +325,13 @@ T0_DATA = [
     Key("max_input_len", 1024, "input limit in tokens (BOS included; T0's)", range=COUNT),
     Key("max_target_len", 256, "target limit in tokens (EOS included; T0's)", range=COUNT),
     Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
+    Key("truncate_side", "left", "which part of a too-long input is kept: left = BOS + its last tokens (the question) "
+        "| right = its first max_input_len tokens (Mesh-TF / seqio, as T0 was trained)", choices=TRUNCATE_SIDES),
+    Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order that "
+        "keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: the earlier greedy packer, "
+        "examples in draw order (~0.85-0.88 full)", choices=PACKINGS),
+    Key("pack_buffer", 2000, "packing=best_fit: examples packed together (more = fuller rows, more work per chunk)",
+        range=f"[1, {MAX_PACK_BUFFER}]"),
     Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
     BATCH_SIZE.replace(default=16, help="packed rows per micro-batch"),
     MAX_SEQ_LEN.replace(default=0, range=NONNEG, help="row length L (rows hold L + 1 tokens); 0 = the base model's"),
@@ -311,14 +346,81 @@ T0_LOSS = [
         "0 disables", range=NONNEG),
     Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),
     Key("score_eos", False, "also score each choice's EOS"),
+    Key("attention_impl", "auto", "packed rows' attention, built from their segment ids at each forward: sdpa (a "
+        "mask per forward) | flex (FlexAttention's block mask; CUDA: torch has no flex backward on the CPU) | "
+        "auto = flex on CUDA, sdpa elsewhere", choices=ATTENTION_IMPLS),
 ]
+
+
+def check_attention_impl(cfg):
+    if cfg["attention_impl"] != "flex":
+        return
+    import torch
+    device = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    if flex_attention is None or not device.startswith("cuda"):
+        raise UserError(f"attention_impl=flex trains on CUDA only (torch {torch.__version__} has no FlexAttention "
+                        f"backward on {device.split(':')[0]}); use attention_impl=auto or sdpa")
+    if cfg["dropout"] > 0:
+        raise UserError(f"attention_impl=flex has no attention dropout (dropout={cfg['dropout']}): use dropout=0 or "
+                        f"attention_impl=sdpa")
+
+
+def _megatron_split_keys():
+    """Megatron's data arguments in its spelling (docs/t0.md, "Megatron-DeepSpeed's data and arguments")."""
+    keys = []
+    for split, what in (("train", "the training blend"), ("valid", "validation groups, each evaluated on its own"),
+                        ("test", "test groups, evaluated once at the end (loss/test/<name>)")):
+        keys.append(Key(f"{split}_weighted_split_paths", [], f"{what}: --{split}-weighted-split-paths "
+                        f"\"NAME: W1 START:END PREFIX1, W2 START:END PREFIX2\" [\"NAME2: ...\" ...]", type=list, sep=None,
+                        nargs="+", aliases=(f"{split}-weighted-split-paths",)))
+        keys.append(Key(f"{split}_weighted_split_paths_path", "", f"a file holding the {split} groups as one line of "
+                        f"quoted groups (Megatron's --{split}-weighted-split-paths-path)", nargs=1,
+                        aliases=(f"{split}-weighted-split-paths-path",)))
+    return keys
+
+
+T0_MEGATRON = _megatron_split_keys() + [
+    Key("preprocess", False, "write --input's inputs/targets as a Megatron indexed prefix --output_prefix and exit "
+        "(tools/preprocess_data.py's files, with this run's tokenizer and tokenisation keys)", nargs=0),
+    Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1),
+    Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
+        "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
+        aliases=("output-prefix",)),
+]
+
+
+def check_megatron(cfg):
+    if cfg["preprocess"]:
+        if not cfg["input"] or not cfg["output_prefix"]:
+            raise UserError("--preprocess needs --input=FILE.jsonl and --output_prefix=PREFIX")
+        if cfg["make_demo_data"]:
+            raise UserError("--preprocess and --make_demo_data are two separate commands; give one")
+        if not cfg["tokenizer_model"] and not cfg["model_dir"]:
+            raise UserError("--preprocess tokenises with the base checkpoint's tokenizer: give --model_dir=DIR "
+                            "(or --tokenizer_model=FILE.model)")
+    elif cfg["input"] or cfg["output_prefix"]:
+        raise UserError("--input / --output_prefix are for --preprocess (a Megatron indexed dataset from a jsonl file)")
+    check_weighted_splits(cfg)
+
+
+T0_START = [
+    Key("reset_progress", False, "init_from=resume_model: also take model_dir's optimizer state (moments, Adafactor's "
+        "step counts); the iteration count, LR schedule, data stream and best loss start at 0 (Megatron's "
+        "--reset-progress without --no-load-optim)", nargs=0, aliases=("reset-progress",)),
+]
+
+
+def check_reset_progress(cfg):
+    if cfg["reset_progress"] and cfg["init_from"] != "resume_model":
+        raise UserError(f"reset_progress=True restarts a run from model_dir's weights and optimizer state: it needs "
+                        f"init_from=resume_model, not {cfg['init_from']} (resume_train continues out_dir's progress)")
 
 
 def check_t0(cfg):
     if cfg["init_from"] not in ("resume_model", "resume_train"):
         raise UserError(f"init_from must be resume_model (finetune --model_dir) or resume_train (continue --out_dir), "
                         f"not '{cfg['init_from']}'")
-    if not cfg["make_demo_data"]:
+    if not cfg["make_demo_data"] and not cfg["preprocess"]:
         check_init(cfg)
 
 
@@ -346,8 +448,11 @@ FINETUNE_T0 = TRAIN.derive(
                        "resume_train: continue out_dir")],
     # the model's shape comes from the base checkpoint; these are language-modelling keys
     drop=[k.name for k in LM_DATA + GROWTH + GENERATION + HEADS] + [k.name for k in MODEL if k is not DROPOUT],
-    sections=[("data", T0_DATA), ("masks, loss and rank evaluation", T0_LOSS)],
-    rules=[check_schedule, check_save_best, check_t0], prepare=prepare_t0)
+    sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
+              ("masks, loss and rank evaluation", T0_LOSS), ("starting point", T0_START)],
+    rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
+           check_reset_progress],
+    prepare=prepare_t0)
 
 
 # ---------------------------------------------------------------------- the tools

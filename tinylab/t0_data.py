@@ -1,12 +1,14 @@
 """T0-style multitask data (docs/t0.md §1-6): a mixture file of prompted
-datasets -> tokenised (input, target) examples -> rows packed greedily from the weighted mixture
--> model batches with block-diagonal (causal or prefix-LM) attention masks, per-example position
-ids and target-only loss weights.
+datasets -> tokenised (input, target) examples -> rows packed from the weighted mixture (best-fit
+decreasing over chunks of drawn examples, in a weight-balanced row order; or greedy next-fit)
+-> model batches with segment ids (the model attends within each example, causal or prefix-LM;
+model.document_mask), per-example position ids and target-only loss weights.
 
     train, valid = load_mixture("data/t0/mixture.json")           # Source lists
+    mixture = mixture_from_config(cfg)                            # or Megatron's --*-weighted-split-paths
     enc = ExampleEncoder(tokenizer, add_bos=True, target_space=True, add_eos=True, ...)
     examples = [tokenize_rows(s.name, read_records(s), enc, row_len=L + 1) for s in train]
-    stream = PackedStream([e.lengths() for e in examples], weights, row_len=L + 1, seed=1)
+    stream = PackedStream([e.lengths() for e in examples], weights, row_len=L + 1, seed=1)  # packing="best_fit"
     rows = stream.next_rows(64)                                   # lists of (source, example)
     arrays = rows_to_arrays(rows, examples, L + 1)                 # token_ids, segment_ids, is_input
     batch, label_mask, label_seg = model_inputs(*arrays, prefixlm, device)
@@ -17,10 +19,12 @@ Conventions (each a config key of finetune_t0.py, declared in schema.py):
   - target ids = encode(target) + [EOS]; with target_space=True the target's leading whitespace is
     replaced by exactly one space (through the tokenizer's dummy prefix, or an explicit " " for a
     tokenizer without one); target_space=False appends the target text exactly as given;
-  - too long: inputs keep their last max_input_len tokens (BOS stays first), targets their first
+  - too long: inputs keep their last max_input_len tokens (BOS stays first; truncate_side="right":
+    their first max_input_len, as Mesh-TF / seqio cut T0's inputs), targets their first
     max_target_len (EOS stays last); truncation="drop" drops such examples instead. Examples
     longer than the row are always dropped. Every case is counted per source.
 """
+import bisect
 import hashlib
 import json
 import math
@@ -30,16 +34,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tinylab import hub
+from tinylab import hub, megatron_data
 from tinylab.errors import UserError, first_line
 from tinylab.fileio import read_text
 
 # the config keys (schema.py) that ExampleEncoder takes, by name
-TOKENIZATION_KEYS = ("add_bos", "target_space", "add_eos", "max_input_len", "max_target_len", "truncation")
+TOKENIZATION_KEYS = ("add_bos", "target_space", "add_eos", "max_input_len", "max_target_len", "truncation",
+                     "truncate_side")
 NORMALIZATIONS = ("token", "example", "token_microbatch")
 MIXINGS = ("example", "row")
 TRUNCATIONS = ("truncate", "drop")
+TRUNCATE_SIDES = ("left", "right")  # which end of a too-long input is cut (right = Mesh-TF / seqio, T0)
+PACKINGS = ("best_fit", "next_fit")
+MAX_PACK_BUFFER = 20_000  # balanced_order's integer sums stay exact far beyond this
 SOURCE_KEYS = {"name", "path", "hf", "config", "split", "weight", "range", "dataset"}
+GROUP_KEYS = {"name", "sources", "dataset"}  # a validation / test group blending several sources
+SPLITS = ("train", "valid", "test")
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -58,8 +68,18 @@ class Source:
     end: float = 1.0
     dataset: str = ""  # the dataset this prompt belongs to (per-dataset medians); default: name
 
+    @property
+    def kind(self):
+        """'hf' (a hub dataset), 'file' (json / jsonl / parquet) or 'megatron': a path that is not
+        such a file is a Megatron indexed prefix (<path>_inputs_document.{bin,idx}, ..._targets_...)."""
+        if self.hf:
+            return "hf"
+        return "file" if is_file_path(self.path) else "megatron"
+
     def describe(self):
         where = self.path or f"{self.hf}" + (f"/{self.config}" if self.config else "") + f" [{self.split}]"
+        if self.kind == "megatron":
+            where = f"Megatron prefix {self.path}"
         rng = "" if (self.start, self.end) == (0.0, 1.0) else f" rows {self.start:g}:{self.end:g}"
         return f"'{self.name}' ({where}{rng})"
 
@@ -79,7 +99,12 @@ def _resolve(path, base_dir):
     if os.path.isabs(path):
         return path
     beside = os.path.join(base_dir, path)
-    return beside if os.path.exists(beside) else path
+    return beside if os.path.exists(beside) or megatron_data.is_pair(beside) else path
+
+
+def is_file_path(path):
+    """A json / jsonl / parquet file (by extension), or any existing file; else a Megatron prefix."""
+    return os.path.splitext(path)[1].lower() in FORMATS or os.path.isfile(path)
 
 
 def parse_source(entry, where, base_dir, need_weight):
@@ -108,31 +133,101 @@ def parse_source(entry, where, base_dir, need_weight):
                   dataset=entry.get("dataset") or name)
 
 
-def parse_megatron_line(text, where):
-    """Megatron's one-line form "NAME: W1 START:END PATH1, W2 START:END PATH2" as source dicts."""
-    _, _, body = text.partition(":") if ":" in text.split(" ")[0] else ("", "", text)
-    entries = []
-    for k, part in enumerate(p for p in body.split(",") if p.strip()):
-        bits = part.split()
-        if len(bits) != 3:
-            raise UserError(f"{where}: item {k + 1} of the one-line form must be 'WEIGHT START:END PATH', got {part.strip()!r}")
-        try:
-            weight = float(bits[0])
-        except ValueError:
-            raise UserError(f"{where}: item {k + 1}: weight {bits[0]!r} is not a number")
-        name = os.path.splitext(os.path.basename(bits[2]))[0]
-        if any(e["name"] == name for e in entries):
-            name = f"{name}_{k + 1}"  # the same file twice (two ranges)
-        entries.append({"name": name, "weight": weight, "range": bits[1], "path": bits[2]})
-    return entries
+@dataclass
+class Group:
+    """A named validation or test group: one loss (and rank accuracy) over its weighted sources."""
+    name: str
+    sources: list
+    split: str = "valid"
+    dataset: str = ""  # per-dataset medians; default: the sources' common dataset, else the name
+
+    def __post_init__(self):
+        if not self.dataset:
+            datasets = {s.dataset for s in self.sources}
+            self.dataset = datasets.pop() if len(datasets) == 1 else self.name
 
 
-def load_mixture(path):
-    """(train sources, validation sources) of a mixture file; every mistake is one UserError line
-    naming the file and the field."""
+@dataclass
+class Mixture:
+    """Everything a run reads: the training sources (all train groups blended into one stream)
+    and the validation and test groups."""
+    train: list
+    valid: list = field(default_factory=list)
+    test: list = field(default_factory=list)
+
+
+def _file_stem(path):
+    stem = os.path.basename(path.rstrip("/"))
+    return os.path.splitext(stem)[0] if os.path.splitext(stem)[1].lower() in FORMATS else stem
+
+
+def group_from_string(text, where, base_dir, split, taken=None, implicit_name=None):
+    """A Group from Megatron's "NAME: W1 START:END PATH1, W2 START:END PATH2" (megatron_data.parse_group);
+    its sources are named after their files or prefixes (a repeated one gets _<item number>),
+    also unique against `taken` (the names already used in the split)."""
+    name, items = megatron_data.parse_group(text, where, implicit_name)
+    taken = set() if taken is None else taken
+    sources = []
+    for k, item in enumerate(items):
+        stem = src_name = _file_stem(item.path)
+        j = k + 1
+        while src_name in taken:  # the same file twice (two ranges, or two train groups)
+            src_name, j = f"{stem}_{j}", j + 1
+        taken.add(src_name)
+        sources.append(parse_source({"name": src_name, "weight": item.weight, "range": item.range_text,
+                                     "path": item.path}, f"{where} item {k + 1}", base_dir, True))
+    return Group(name, sources, split)
+
+
+def _group_from_object(entry, where, base_dir, split):
+    unknown = sorted(set(entry) - GROUP_KEYS)
+    if unknown:
+        raise UserError(f"{where}: unknown group field '{unknown[0]}' (a group has: {', '.join(sorted(GROUP_KEYS))})")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise UserError(f"{where}: field 'name' must be a non-empty string without '/', got {name!r}")
+    where = f"{where} ('{name}')"
+    members = entry["sources"]
+    if not isinstance(members, list) or not members:
+        raise UserError(f"{where}: field 'sources' must be a non-empty list of sources")
+    if "dataset" in entry and not isinstance(entry["dataset"], str):
+        raise UserError(f"{where}: field 'dataset' must be a string, got {entry['dataset']!r}")
+    sources = [parse_source(e, f"{where}: sources[{j}]", base_dir, True) for j, e in enumerate(members)]
+    _check_unique([s.name for s in sources], f"{where}: source")
+    return Group(name, sources, split, entry.get("dataset", ""))
+
+
+def _parse_groups(spec, split, path, base_dir):
+    """A mixture file's list for `split`: each entry a source (its own group, named after it), a
+    group object {"name", "sources": [...]} or a Megatron group string."""
+    if not isinstance(spec, list) or (split == "train" and not spec):
+        raise UserError(f"mixture file {path}: field '{split}' must be a {'non-empty ' * (split == 'train')}list of "
+                        f"sources (or groups)")
+    groups, taken = [], set()
+    for i, e in enumerate(spec):
+        where = f"{path}: {split}[{i}]"
+        if isinstance(e, str):
+            groups.append(group_from_string(e, where, base_dir, split, taken if split == "train" else None))
+        elif isinstance(e, dict) and "sources" in e:
+            groups.append(_group_from_object(e, where, base_dir, split))
+        else:
+            src = parse_source(e, where, base_dir, need_weight=split == "train")
+            groups.append(Group(src.name, [src], split))
+    return groups
+
+
+def _check_unique(names, what):
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise UserError(f"{what} name '{dup}' is used twice (names must be unique)")
+
+
+def read_mixture(path):
+    """The Mixture of a mixture file; every mistake is one UserError line naming the file and the field.
+    "train" is a list of sources / groups, or one Megatron group string; "valid" and "test" are lists."""
     if not path:
         raise UserError("no mixture given: pass --mixture=PATH/mixture.json (python finetune_t0.py "
-                        "--make_demo_data=DIR writes a built-in one)")
+                        "--make_demo_data=DIR writes a built-in one) or --train-weighted-split-paths")
     text = read_text(path, "mixture file")
     try:
         spec = json.loads(text)
@@ -140,32 +235,47 @@ def load_mixture(path):
         raise UserError(f"mixture file {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
     if not isinstance(spec, dict) or "train" not in spec:
         raise UserError(f"mixture file {path}: needs a top-level object with field 'train' (and 'valid')")
-    unknown = sorted(set(spec) - {"train", "valid", "max_examples_per_dataset"})
+    unknown = sorted(set(spec) - {*SPLITS, "max_examples_per_dataset"})
     if unknown:
-        raise UserError(f"mixture file {path}: unknown top-level field '{unknown[0]}' (fields: train, valid, "
+        raise UserError(f"mixture file {path}: unknown top-level field '{unknown[0]}' (fields: train, valid, test, "
                         f"max_examples_per_dataset)")
     cap = spec.get("max_examples_per_dataset", 500_000)
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise UserError(f"mixture file {path}: field 'max_examples_per_dataset' must be an integer >= 1, got {cap!r}")
     base = os.path.dirname(os.path.abspath(path))
     train_spec = spec["train"]
-    if isinstance(train_spec, str):
-        train_spec = parse_megatron_line(train_spec, f"{path}: train")
-    if not isinstance(train_spec, list) or not train_spec:
-        raise UserError(f"mixture file {path}: field 'train' must be a non-empty list of sources")
-    valid_spec = spec.get("valid", [])
-    if not isinstance(valid_spec, list):
-        raise UserError(f"mixture file {path}: field 'valid' must be a list of sources")
-    train = [parse_source(e, f"{path}: train[{i}]", base, True) for i, e in enumerate(train_spec)]
-    for src in train:
+    if isinstance(train_spec, str):  # Megatron's one-line form (its NAME: optional here)
+        train = [group_from_string(train_spec, f"{path}: train", base, "train", implicit_name="train")]
+    else:
+        train = _parse_groups(train_spec, "train", path, base)
+    mixture = Mixture([s for g in train for s in g.sources],
+                      *(_parse_groups(spec.get(split, []), split, path, base) for split in ("valid", "test")))
+    for src in mixture.train:
         src.cap = cap
-    valid = [parse_source(e, f"{path}: valid[{i}]", base, False) for i, e in enumerate(valid_spec)]
-    for kind, group in (("train", train), ("valid", valid)):
-        names = [s.name for s in group]
-        dup = next((n for n in names if names.count(n) > 1), None)
-        if dup:
-            raise UserError(f"mixture file {path}: {kind} name '{dup}' is used twice (names must be unique)")
-    return train, valid
+    _check_unique([s.name for s in mixture.train], f"mixture file {path}: train")
+    for split in ("valid", "test"):
+        _check_unique([g.name for g in getattr(mixture, split)], f"mixture file {path}: {split}")
+    return mixture
+
+
+def load_mixture(path):
+    """(train sources, every validation source) of a mixture file (evaluation/eval_rank.py)."""
+    mixture = read_mixture(path)
+    return mixture.train, [s for g in mixture.valid for s in g.sources]
+
+
+def mixture_from_config(cfg):
+    """finetune_t0.py's data: the weighted-split arguments (Megatron's spelling; paths relative to
+    the working folder, as there) when given, else the mixture file. Several train groups are one
+    blend: every item's weight as given, as if all were in one group."""
+    texts = megatron_data.group_texts(cfg)
+    if not texts:
+        return read_mixture(cfg["mixture"])
+    taken, groups = set(), {}
+    for split in SPLITS:
+        groups[split] = [group_from_string(t, where, "", split, taken if split == "train" else None)
+                         for where, t in texts.get(split, [])]
+    return Mixture([s for g in groups["train"] for s in g.sources], groups["valid"], groups["test"])
 
 
 def resolve_weights(train, sizes):
@@ -185,15 +295,20 @@ def is_held_out(src, train):
     return src.dataset not in seen and src.name not in seen
 
 
-def check_range_overlap(train, valid):
-    """The same file with overlapping row ranges in train and valid (Megatron's 0.95:1 trap)."""
-    for v in valid:
-        for t in train:
-            same = (v.path and t.path and os.path.abspath(v.path) == os.path.abspath(t.path)) or \
-                   (v.hf and (v.hf, v.config, v.split) == (t.hf, t.config, t.split))
-            if same and v.start < t.end and t.start < v.end:
-                raise UserError(f"validation {v.describe()} overlaps training {t.describe()}: the same file with "
-                                f"overlapping row ranges; give disjoint 'range' fractions")
+def check_range_overlap(train, valid, test=()):
+    """The same file or Megatron prefix with overlapping row ranges in two splits (train / valid /
+    test; Megatron's 0.95:1 trap). Groups of one split may share rows (an overall group and a
+    per-dataset one)."""
+    splits = (("training", train), ("validation", valid), ("test", test))
+    for i, (name_a, a) in enumerate(splits):
+        for name_b, b in splits[i + 1:]:
+            for v in b:
+                for t in a:
+                    same = (v.path and t.path and os.path.abspath(v.path) == os.path.abspath(t.path)) or \
+                           (v.hf and (v.hf, v.config, v.split) == (t.hf, t.config, t.split))
+                    if same and v.start < t.end and t.start < v.end:
+                        raise UserError(f"{name_b} {v.describe()} overlaps {name_a} {t.describe()}: the same file with "
+                                        f"overlapping row ranges; give disjoint 'range' fractions")
 
 
 # ---------------------------------------------------------------------- reading records
@@ -247,11 +362,11 @@ def example_hash(inputs, targets):
     return hashlib.sha1((inputs.strip() + "\x00" + targets.strip()).encode()).hexdigest()
 
 
-def check_hash_overlap(train_hashes, valid_name, valid_rows):
+def check_hash_overlap(train_hashes, valid_name, valid_rows, what="validation group"):
     shared = [r for r in valid_rows if example_hash(r["inputs"], r["targets"]) in train_hashes]
     if shared:
         first = shared[0]["inputs"].strip().replace("\n", " ")[:60]
-        raise UserError(f"validation group '{valid_name}' shares {len(shared)} of {len(valid_rows)} examples with "
+        raise UserError(f"{what} '{valid_name}' shares {len(shared)} of {len(valid_rows)} examples with "
                         f"the training data (same inputs + targets, e.g. {first!r}); validation must be held out")
 
 
@@ -261,13 +376,16 @@ class ExampleEncoder:
     """Turns (inputs, targets) strings into (input ids, target ids) by the module's conventions."""
 
     def __init__(self, tokenizer, add_bos=True, target_space=True, add_eos=True, max_input_len=1024,
-                 max_target_len=256, truncation="truncate"):
+                 max_target_len=256, truncation="truncate", truncate_side="left"):
         if truncation not in ("truncate", "drop"):
             raise UserError(f"truncation must be 'truncate' or 'drop', not '{truncation}'")
+        if truncate_side not in TRUNCATE_SIDES:
+            raise UserError(f"truncate_side must be 'left' or 'right', not '{truncate_side}'")
         if max_input_len < 1 + add_bos or max_target_len < 1 + add_eos:
             raise UserError(f"max_input_len={max_input_len} / max_target_len={max_target_len} leave no room for text")
         self.tok, self.add_bos, self.target_space, self.add_eos = tokenizer, add_bos, target_space, add_eos
         self.max_input_len, self.max_target_len, self.truncation = max_input_len, max_target_len, truncation
+        self.truncate_side = truncate_side
         # a sentencepiece dummy prefix puts the one space before the target's first piece for us;
         # without one a " " is prepended (Megatron's --prepend-space), or the bare "▁" piece
         # where the normalizer strips leading whitespace
@@ -320,9 +438,13 @@ class ExampleEncoder:
         return out
 
     def clip_input(self, inp):
-        """The last max_input_len tokens (the end of a prompt holds the question), BOS kept first."""
+        """At most max_input_len tokens. left (default): BOS + the last tokens (the end of a prompt
+        holds the question); right: the first max_input_len tokens, BOS included (Mesh-TF's and
+        seqio's v[:length], which cut T0's inputs; docs/t0.md §2)."""
         if len(inp) <= self.max_input_len:
             return inp
+        if self.truncate_side == "right":
+            return inp[:self.max_input_len]
         return inp[:self.add_bos] + inp[len(inp) - self.max_input_len + self.add_bos:]
 
     def fit(self, inp, tgt, stats):
@@ -375,8 +497,14 @@ def tokenize_rows(name, rows, encoder: ExampleEncoder, row_len=None):
     rows, stats["skipped_empty"] = usable(rows)
     inputs = encoder.encode_inputs([r["inputs"] for r in rows])
     targets = encoder.encode_targets([r["targets"] for r in rows])
+    return fit_examples(name, zip(inputs, targets), encoder, row_len, stats)
+
+
+def fit_examples(name, pairs, encoder: ExampleEncoder, row_len, stats):
+    """Examples from (input ids, target ids) lists: the encoder's length limits (fit), then the
+    row limit; json and Megatron sources alike."""
     out = Examples(name, stats=stats)
-    for inp, tgt in zip(inputs, targets):
+    for inp, tgt in pairs:
         fitted = encoder.fit(inp, tgt, stats)
         if fitted is None:
             continue
@@ -392,6 +520,38 @@ def tokenize_rows(name, rows, encoder: ExampleEncoder, row_len=None):
     return out
 
 
+# ---------------------------------------------------------------------- Megatron indexed sources
+
+def read_indexed(src, vocab_size):
+    """(input ids, target ids) views of a Megatron source's items [round(START n), round(END n))
+    (Megatron's get_split_by_range_ rounds; json sources floor), checked by megatron_data.open_pair."""
+    inputs, targets = megatron_data.open_pair(src.path, vocab_size, what=f"source {src.describe()}")
+    n = len(targets)
+    return [(inputs[i], targets[i]) for i in range(round(src.start * n), round(src.end * n))]
+
+
+def indexed_examples(name, pairs, encoder: ExampleEncoder, row_len=None):
+    """Examples of a Megatron source: its ids as stored (BOS / EOS are whatever the files hold),
+    through the same length and row limits as tokenised text; empty items are skipped and counted."""
+    stats = new_stats(len(pairs))
+    ok = [(a, b) for a, b in pairs if len(a) and len(b)]
+    stats["skipped_empty"] = len(pairs) - len(ok)
+    return fit_examples(name, ((a.tolist(), b.tolist()) for a, b in ok), encoder, row_len, stats)
+
+
+def ids_hash(inputs, targets):
+    """example_hash's counterpart for token ids (independent of the files' dtype)."""
+    return hashlib.sha1(np.asarray(inputs, dtype=np.int64).tobytes() + b"|" +
+                        np.asarray(targets, dtype=np.int64).tobytes()).hexdigest()
+
+
+def check_ids_overlap(train_hashes, name, pairs):
+    shared = [i for i, (a, b) in enumerate(pairs) if ids_hash(a, b) in train_hashes]
+    if shared:
+        raise UserError(f"{name} shares {len(shared)} of {len(pairs)} examples with the training data (the same input "
+                        f"and target token ids, e.g. item {shared[0]} of its range); it must be held out")
+
+
 # ---------------------------------------------------------------------- packing
 
 class _EpochOrder:
@@ -401,13 +561,28 @@ class _EpochOrder:
         self.n, self.seed, self.source_index = n, seed, source_index
         self.epoch, self.index, self._perm = 0, 0, None
 
-    def next(self):
+    def _perm_now(self):
+        """The current epoch's permutation, moving to the next epoch once this one is used up."""
         if self.index == self.n:
             self.epoch, self.index, self._perm = self.epoch + 1, 0, None
         if self._perm is None:
             self._perm = np.random.default_rng([self.seed, 11, self.source_index, self.epoch]).permutation(self.n)
+        return self._perm
+
+    def next(self):
+        perm = self._perm_now()
         self.index += 1
-        return int(self._perm[self.index - 1])
+        return int(perm[self.index - 1])
+
+    def take(self, n):
+        """The next n indices, exactly what n calls of next() return, as one array."""
+        parts = []
+        while n > 0:
+            perm = self._perm_now()
+            k = min(n, self.n - self.index)
+            parts.append(perm[self.index:self.index + k])
+            self.index, n = self.index + k, n - k
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def state(self):
         return [self.epoch, self.index]
@@ -426,13 +601,198 @@ class _WeightedDraws:
         self.cum[-1] = 1.0
         self.seed, self.k, self._block, self._draws = seed, 0, -1, None
 
-    def next(self):
+    def _block_now(self):
+        """The draws of the block holding position k."""
         b = self.k // self.BLOCK
         if b != self._block:
             u = np.random.default_rng([self.seed, 7, b]).random(self.BLOCK)
             self._block, self._draws = b, np.searchsorted(self.cum, u, side="right")
+        return self._draws
+
+    def next(self):
+        draws = self._block_now()
         self.k += 1
-        return int(self._draws[(self.k - 1) % self.BLOCK])
+        return int(draws[(self.k - 1) % self.BLOCK])
+
+    def take(self, n):
+        """The next n source indices, exactly what n calls of next() return."""
+        parts = []
+        while n > 0:
+            draws, off = self._block_now(), self.k % self.BLOCK
+            m = min(n, self.BLOCK - off)
+            parts.append(draws[off:off + m])
+            self.k, n = self.k + m, n - m
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+class _MixedExamples:
+    """The weighted mixture as a stream of (source, example index): a seeded draw picks the source,
+    its epoch order the example. take(n) gives the same pairs as n calls of next()."""
+
+    def __init__(self, draws, orders):
+        self.draws, self.orders = draws, orders
+
+    def next(self):
+        s = self.draws.next()
+        return s, self.orders[s].next()
+
+    def take(self, n):
+        src = self.draws.take(n)
+        idx = np.empty(n, dtype=np.int64)
+        for k, order in enumerate(self.orders):
+            pick = src == k
+            idx[pick] = order.take(int(pick.sum()))  # each source's examples in draw order
+        return src, idx
+
+    def state(self):
+        return {"draws": self.draws.k, "orders": [o.state() for o in self.orders]}
+
+    def load(self, st):
+        self.draws.k = int(st["draws"])
+        for o, s in zip(self.orders, st["orders"]):
+            o.load(s)
+
+
+class _SourceExamples:
+    """One source's examples in its epoch order (mixing="row": every source packed on its own)."""
+
+    def __init__(self, source, order):
+        self.source, self.order = source, order
+
+    def next(self):
+        return self.source, self.order.next()
+
+    def take(self, n):
+        return np.full(n, self.source, dtype=np.int64), self.order.take(n)
+
+    def state(self):
+        return self.order.state()
+
+    def load(self, st):
+        self.order.load(st)
+
+
+def best_fit_decreasing(lengths, row_len):
+    """Rows (lists of positions into `lengths`) by best-fit decreasing: longest item first, each
+    into the open row with the least room that still holds it, else a new row. The open rows are
+    one sorted list of (room << 32 | row) keys, so a fit is one bisect; a row with less room than
+    the shortest item is closed for good. O(n log n), per item not per token. Returns the rows
+    and their token counts."""
+    order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
+    sizes = np.asarray(lengths).tolist()
+    if not order:
+        return [], []
+    shortest, rows, used, keys = sizes[order[-1]], [], [], []
+    for j in order:
+        n = sizes[j]
+        at = bisect.bisect_left(keys, n << 32)
+        if at == len(keys):
+            r, room = len(rows), row_len - n
+            rows.append([j])
+            used.append(n)
+        else:
+            key = keys.pop(at)
+            r, room = key & 0xFFFFFFFF, (key >> 32) - n
+            rows[r].append(j)
+            used[r] += n
+        if room >= shortest:
+            bisect.insort(keys, (room << 32) | r)
+    return rows, used
+
+
+def balanced_order(mass):
+    """An order of the rows of `mass` (rows x columns of non-negative integers, e.g. examples and
+    tokens of each source in each row) in which every prefix holds each column in close to its
+    share of the whole: greedily the row r minimising |d + e_r|^2, where d = c - n q is the
+    prefix's discrepancy (c its column sums, n their total, q = the columns' shares of all rows)
+    and e_r = m_r - n_r q the row's own. Ties go to the lowest index.
+    |d + e_r|^2 - |d|^2 = 2 e_r.d + |e_r|^2 = 2 (m_r.c - n m_r.q - n_r q.c + n n_r q.q) + |e_r|^2,
+    kept from P_r = m_r.c, which only the chosen row's nonzero columns change. Dot products are
+    of integers (exact whatever the summation order), the rest element-wise float64: every
+    machine and rank computes the same order."""
+    m = np.asarray(mass, dtype=np.int64)
+    R = m.shape[0]
+    n_r, tot = m.sum(1), m.sum(0)
+    N = int(n_r.sum())
+    b = (m @ tot) / N  # m_r . q
+    qq = sum(int(t) ** 2 for t in tot.tolist()) / N ** 2  # q . q
+    base = (m * m).sum(1) - 2 * n_r * b + n_r * n_r * qq  # |e_r|^2; inf once placed
+    rows, cols = np.nonzero(m)
+    nonzero = np.split(cols, np.searchsorted(rows, np.arange(1, R)))
+    m, n_r = m.astype(np.float64), n_r.astype(np.float64)
+    P2, score = np.zeros(R), np.empty(R)  # 2 m_r.c
+    qc, n, order = 0.0, 0.0, []  # q.c, total of c
+    for _ in range(R):
+        np.multiply(b, -2.0 * n, out=score)
+        score += base
+        score += P2
+        score += (2.0 * (n * qq - qc)) * n_r
+        j = int(score.argmin())
+        order.append(j)
+        base[j] = np.inf
+        k = nonzero[j]
+        P2 += m[:, k] @ (2.0 * m[j, k])
+        qc += b[j]
+        n += n_r[j]
+    return order
+
+
+class _BestFit:
+    """Best-fit decreasing over successive chunks of `buffer` examples of a stream (docs/t0.md §4).
+    A chunk's rows come out in balanced_order of their examples and tokens per source (over a
+    seeded shuffle, which breaks its ties), so every window of rows holds each source's examples
+    and tokens in close to the chunk's proportions (the draws'), not the chunk's longest examples
+    first. State: the stream's position at the chunk's start, the chunk's number and the rows
+    already given (plain ints); a resume packs that chunk again."""
+
+    def __init__(self, examples, lengths, offsets, row_len, buffer, seed, salt):
+        self.examples, self.lengths, self.offsets = examples, lengths, offsets
+        self.row_len, self.buffer, self.seed, self.salt = row_len, buffer, seed, salt
+        self.chunk, self.start, self.rows, self.given = 0, None, None, 0
+        self.used = 0  # tokens of the row last given
+
+    def _pack(self):
+        self.start = self.examples.state()
+        src, idx = self.examples.take(self.buffer)
+        sizes = self.lengths[self.offsets[src] + idx]
+        rows, used = best_fit_decreasing(sizes, self.row_len)
+        perm = np.random.default_rng([self.seed, 17, self.salt, self.chunk]).permutation(len(rows)).tolist()
+        rows, used = [rows[r] for r in perm], [used[r] for r in perm]
+        sources, local = np.unique(src, return_inverse=True)
+        if len(sources) > 1:  # examples and tokens per (row, source) -> the balanced order
+            R, S = len(rows), len(sources)
+            items = np.fromiter((j for r in rows for j in r), dtype=np.int64, count=len(src))
+            cell = np.repeat(np.arange(R), [len(r) for r in rows]) * S + local[items]
+            examples = np.bincount(cell, minlength=R * S).reshape(R, S)
+            tokens = np.bincount(cell, weights=sizes[items], minlength=R * S).reshape(R, S).astype(np.int64)
+            per_example = max(1, round(int(tokens.sum()) / int(examples.sum())))  # both in token units
+            order = balanced_order(np.hstack([examples * per_example, tokens]))
+            rows, used = [rows[r] for r in order], [used[r] for r in order]
+        src, idx = src.tolist(), idx.tolist()
+        self.rows = [[(src[j], idx[j]) for j in r] for r in rows]
+        self.row_used = used
+        self.given = 0
+
+    def next_row(self):
+        if self.rows is None:
+            self._pack()
+        elif self.given == len(self.rows):
+            self.chunk += 1
+            self._pack()
+        self.given += 1
+        self.used = self.row_used[self.given - 1]
+        return self.rows[self.given - 1]
+
+    def state(self):
+        return None if self.rows is None else {"chunk": self.chunk, "start": self.start, "given": self.given}
+
+    def load(self, st):
+        self.chunk, self.rows, self.given = 0, None, 0
+        if st is not None:
+            self.chunk = int(st["chunk"])
+            self.examples.load(st["start"])
+            self._pack()  # the same chunk again; leaves the stream where the saved one was
+            self.given = int(st["given"])
 
 
 class _NextFit:
@@ -441,7 +801,7 @@ class _NextFit:
 
     def __init__(self, next_example, length, row_len):
         self.next_example, self.length, self.row_len = next_example, length, row_len
-        self.carry = None
+        self.carry, self.used = None, 0  # the example that opens the next row; tokens of the last row
 
     def next_row(self):
         items, used = [], 0
@@ -450,55 +810,76 @@ class _NextFit:
             self.carry = None
             n = self.length(ex)
             if items and used + n > self.row_len:
-                self.carry = ex
+                self.carry, self.used = ex, used
                 return items
             items.append(ex)
             used += n
+
+    def state(self):
+        return None if self.carry is None else list(self.carry)
+
+    def load(self, st):
+        self.carry = None if st is None else (int(st[0]), int(st[1]))
 
 
 class PackedStream:
     """Rows of `row_len` tokens from several sources, each row a list of (source, example index).
 
     mixing="example" (default): examples are drawn from the sources in proportion to `weights`
-    (seeded), each source in a new shuffled order every epoch, and packed in that order.
+    (seeded), each source in a new shuffled order every epoch.
     mixing="row" (Megatron-DeepSpeed's blend): each source is packed on its own and row i comes
     from the source maximising w_s * max(i, 1) - rows_used_s, so every row is single-source and
     the row counts follow the weights exactly.
-    Deterministic in (lengths, weights, row_len, seed, mixing); state_dict() is plain ints.
+    packing="best_fit" (default): best-fit decreasing over chunks of `buffer` drawn examples, rows
+    in a weight-balanced order (_BestFit; >= 0.99 full on long-tailed lengths); "next_fit": the examples
+    in draw order, a row closed when the next one does not fit (the earlier packer, ~0.85).
+    Deterministic in (lengths, weights, row_len, seed, mixing, packing, buffer); state_dict() is
+    plain ints.
     """
 
-    def __init__(self, lengths, weights, row_len, seed, mixing="example"):
+    def __init__(self, lengths, weights, row_len, seed, mixing="example", packing="best_fit", buffer=2000):
         if mixing not in MIXINGS:
             raise UserError(f"mixing must be one of {', '.join(MIXINGS)}, not '{mixing}'")
+        if packing not in PACKINGS:
+            raise UserError(f"packing must be one of {', '.join(PACKINGS)}, not '{packing}'")
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or not 1 <= buffer <= MAX_PACK_BUFFER:
+            raise UserError(f"pack_buffer must be an integer in [1, {MAX_PACK_BUFFER}], got {buffer!r}")
         if any(len(l) == 0 for l in lengths):
             raise UserError("every training source needs at least one example that fits the row")
+        longest = max(int(np.max(l)) for l in lengths)
+        if longest > row_len:
+            raise UserError(f"an example of {longest} tokens does not fit a row of {row_len}")
         w = np.asarray(weights, dtype=np.float64)
         self.weights = w / w.sum()
         self.lengths, self.row_len, self.mixing = [np.asarray(l) for l in lengths], row_len, mixing
+        self.packing = packing
         self.orders = [_EpochOrder(len(l), seed, i) for i, l in enumerate(lengths)]
-        length = lambda ex: int(self.lengths[ex[0]][ex[1]])  # noqa: E731
         if mixing == "example":
             self.draws = _WeightedDraws(self.weights, seed)
-
-            def next_example():
-                s = self.draws.next()
-                return s, self.orders[s].next()
-            self.packers = [_NextFit(next_example, length, row_len)]
+            streams = [_MixedExamples(self.draws, self.orders)]
         else:
-            self.packers = [_NextFit(lambda s=s: (s, self.orders[s].next()), length, row_len)
-                            for s in range(len(lengths))]
+            streams = [_SourceExamples(s, o) for s, o in enumerate(self.orders)]
             self.rows_used = np.zeros(len(lengths), dtype=np.int64)
+        if packing == "next_fit":
+            length = lambda ex: int(self.lengths[ex[0]][ex[1]])  # noqa: E731
+            self.packers = [_NextFit(st.next, length, row_len) for st in streams]
+        else:
+            flat = np.concatenate(self.lengths)  # lengths of (s, i) at offsets[s] + i
+            offsets = np.concatenate([[0], np.cumsum([len(l) for l in self.lengths])[:-1]]).astype(np.int64)
+            self.packers = [_BestFit(st, flat, offsets, row_len, buffer, seed, salt)
+                            for salt, st in enumerate(streams)]
         self.rows, self.tokens = 0, 0
 
     def next_row(self):
         if self.mixing == "example":
-            row = self.packers[0].next_row()
+            packer = self.packers[0]
         else:
             s = int(np.argmax(self.weights * max(self.rows, 1) - self.rows_used))
             self.rows_used[s] += 1
-            row = self.packers[s].next_row()
+            packer = self.packers[s]
+        row = packer.next_row()
         self.rows += 1
-        self.tokens += sum(int(self.lengths[s][i]) for s, i in row)
+        self.tokens += packer.used
         return row
 
     def next_rows(self, n):
@@ -509,8 +890,10 @@ class PackedStream:
         return self.tokens / max(1, self.rows * self.row_len)
 
     def state_dict(self):
+        # next_fit keeps its earlier layout ("carry"), so its checkpoints still resume
+        key = "carry" if self.packing == "next_fit" else "packers"
         st = {"orders": [o.state() for o in self.orders], "rows": self.rows, "tokens": self.tokens,
-              "carry": [None if p.carry is None else list(p.carry) for p in self.packers]}
+              key: [p.state() for p in self.packers]}
         if self.mixing == "example":
             st["draws"] = self.draws.k
         else:
@@ -520,13 +903,13 @@ class PackedStream:
     def load_state_dict(self, st):
         for o, s in zip(self.orders, st["orders"]):
             o.load(s)
-        for p, c in zip(self.packers, st["carry"]):
-            p.carry = None if c is None else (int(c[0]), int(c[1]))
         self.rows, self.tokens = int(st["rows"]), int(st["tokens"])
         if self.mixing == "example":
             self.draws.k = int(st["draws"])
         else:
             self.rows_used = np.asarray(st["rows_used"], dtype=np.int64)
+        for p, c in zip(self.packers, st["carry" if self.packing == "next_fit" else "packers"]):
+            p.load(c)  # after the orders: a best-fit packer rewinds them to its chunk and repacks it
 
 
 def pack_once(lengths, row_len, seed):
@@ -558,20 +941,7 @@ def rows_to_arrays(rows, examples, row_len, pad_id=0):
     return token_ids, seg, is_input
 
 
-# ---------------------------------------------------------------------- masks, positions, loss
-
-def attention_mask(seg, is_input, prefixlm=False):
-    """allowed[b, q, k] = same non-pad segment and (k <= q or, with prefixlm, both inputs);
-    a padding query attends to itself only, so no softmax row is empty (NaN)."""
-    T = seg.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()
-    allowed = causal[None]
-    if prefixlm:
-        allowed = allowed | (is_input[:, :, None] & is_input[:, None, :])
-    mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0) & allowed
-    eye = torch.eye(T, dtype=torch.bool, device=seg.device)[None]
-    return mask | (eye & (seg == 0)[:, :, None])
-
+# ---------------------------------------------------------------------- positions, loss
 
 def position_ids(seg):
     """pos[t] = t - first index of t's segment (0 on padding): each packed example starts at 0."""
@@ -617,12 +987,16 @@ def loss_weights(label_mask, label_seg, normalization, n_groups=1):
 
 def model_inputs(token_ids, seg, is_input, prefixlm, device):
     """forward() keyword arguments of packed rows (numpy or torch (R, L + 1)), on `device`, and
-    the label mask / label segments (on the CPU) for loss weights."""
+    the label mask / label segments (on the CPU) for loss weights. The batch carries segment ids
+    (and, for prefix-LM, the input tokens' prefix_mask), not a (R, L, L) mask: the model builds
+    its attention mask from them at each forward (model.Transformer.packed_attention)."""
     token_ids, seg, is_input = (torch.as_tensor(a) for a in (token_ids, seg, is_input))
     tokens, labels, label_mask, label_seg, tok_seg, tok_inp = shift(token_ids, seg, is_input)
-    tok_seg, tok_inp = tok_seg.to(device), tok_inp.to(device)
-    batch = {"tokens": tokens.to(device), "targets": labels.to(device),
-             "attn_mask": attention_mask(tok_seg, tok_inp, prefixlm), "position_ids": position_ids(tok_seg)}
+    tok_seg = tok_seg.to(device)
+    batch = {"tokens": tokens.to(device), "targets": labels.to(device), "segment_ids": tok_seg,
+             "position_ids": position_ids(tok_seg)}
+    if prefixlm:
+        batch["prefix_mask"] = tok_inp.to(device)
     return batch, label_mask, label_seg
 
 
@@ -677,6 +1051,7 @@ class T0Batches:
     def load_state_dict(self, state):
         if state.get("version") != self.VERSION or state.get("identity") != self.identity:
             raise UserError("the checkpoint's data position belongs to another mixture (sources, weights, "
-                            "tokenisation, max_seq_len, mixing or seed changed); cannot resume it exactly")
+                            "tokenisation, max_seq_len, mixing, packing or seed changed); cannot resume it exactly "
+                            "(a run started before packing=best_fit existed resumes with --packing=next_fit)")
         self.stream.load_state_dict(state["stream"])
         self.queue = []

@@ -1,10 +1,12 @@
 """The one training loop, shared by train.py (language modelling) and finetune_t0.py (packed
-multitask finetuning), plus the run setup both need: device/dtype, DDP, model initialisation
-(scratch / resume_train / resume_model), checkpoints with exact resume.
+multitask finetuning), plus the run setup both need: device/dtype, DDP or FSDP2 (parallelism=fsdp:
+the model sharded in place before the optimizer is built, evaluation on every rank, checkpoints
+gathered on rank 0; docs/training.md), model initialisation (scratch / resume_train /
+resume_model), checkpoints with exact resume.
 
 A driver hands the Trainer:
   - a batch source: an iterator whose items are (x, y) or dicts of model.forward keyword arguments
-    (tokens, targets, attn_mask, position_ids, loss_weights) plus an optional "loss_scale" (the
+    (tokens, targets, segment_ids, position_ids, loss_weights, ...) plus an optional "loss_scale" (the
     factor applied to model.last_loss before backward; default 1/micro-steps), and which has
     state_dict() / load_state_dict() so a checkpoint can store its position;
   - an evaluate(model, iter_num, generations) callable returning a dict of metrics (and logging
@@ -36,8 +38,14 @@ from tinylab.distributed import (
     all_reduce_max,
     all_reduce_mean,
     barrier,
+    check_fsdp_setting,
     cleanup,
+    gather_model_state,
+    gather_optimizer_state,
     init_distributed,
+    local_shard,
+    shard_model,
+    shard_optimizer_state,
 )
 from tinylab.errors import UserError
 from tinylab.interop import export_bin
@@ -49,6 +57,7 @@ from tinylab.optim import (
     optimizer_param_names,
     set_lr,
 )
+from tinylab.perf import retain_freed_memory
 from tinylab.rundir import RunDir
 from tinylab.warmup import BatchWarmup, truncate
 
@@ -83,11 +92,17 @@ class Run:
 
     def __init__(self, cfg):
         device = resolve_device(cfg)
-        self.dist = init_distributed(device)
+        # parallelism=fsdp: parameters, gradients and optimizer state sharded (FSDP2), also in one process
+        self.fsdp = cfg.get("parallelism", "ddp") == "fsdp"
+        if self.fsdp:  # the resolved device / dtype (schema.py checks the ones the config names)
+            check_fsdp_setting(device, resolve_dtype(cfg, device))
+        self.dist = init_distributed(device, own_group=self.fsdp)
         self.device = self.dist.device
         self.device_type = "cuda" if self.device.startswith("cuda") else ("mps" if self.device.startswith("mps") else "cpu")
         self.dtype = resolve_dtype(cfg, self.device)
         self.master = self.dist.is_master
+        # FSDP on CUDA in bf16: blocks compute in bf16 after the all-gather, gradients reduce in fp32
+        self.fsdp_param_dtype = torch.bfloat16 if self.fsdp and self.device_type == "cuda" and self.dtype == "bfloat16" else None
         # fp32 / fp64 run without autocast; half precision autocasts matmuls, weights stay fp32
         self.param_dtype = torch.float64 if self.dtype == "float64" else torch.float32
         if self.dtype in ("bfloat16", "float16"):
@@ -185,9 +200,31 @@ def init_model(cfg, run: Run, log=print, ckpt=None):
     return model.to(device=run.device, dtype=run.param_dtype), ckpt
 
 
-def training_state(cfg, ckpt):
-    """The checkpoint whose optimizer/iteration/RNG/loader state a Trainer should restore."""
-    return ckpt if resumes_run(cfg) else None
+def training_state(cfg, ckpt, reset_progress=False):
+    """The checkpoint whose optimizer/iteration/RNG/loader state a Trainer should restore: the
+    whole one for resume_train; with `reset_progress` (finetune_t0.py's key) the optimizer state
+    alone (progress_reset); else None."""
+    if resumes_run(cfg):
+        return ckpt
+    return progress_reset(cfg, ckpt) if reset_progress and ckpt is not None else None
+
+
+def progress_reset(cfg, ckpt):
+    """Megatron's --reset-progress without --no-load-optim (checkpointing.py, branch t0loading):
+    the checkpoint's optimizer state (moments; Adafactor's per-tensor step counts) is kept, while
+    the iteration count (so the LR schedule), the data position, best loss, token count, RNG and
+    wandb run start afresh, as with plain init_from=resume_model. (Megatron also loaded its LR
+    scheduler's step count; here the schedule restarts at 0.)"""
+    where = checkpoint_path(cfg)
+    if ckpt.get("optimizer") is None or ckpt_lib.trains_aux_heads(ckpt):
+        raise UserError(f"reset_progress=True keeps the optimizer state of {where}, which has none for this model "
+                        f"(written without it, or by probe / lens training); use reset_progress=False")
+    if ckpt.get("optimizer_name", "adamw") != cfg["optimizer"]:
+        raise UserError(f"reset_progress=True keeps {where}'s {ckpt.get('optimizer_name', 'adamw')} state, but the "
+                        f"config says optimizer={cfg['optimizer']}; set optimizer={ckpt.get('optimizer_name', 'adamw')} "
+                        f"or reset_progress=False (a fresh optimizer)")
+    kept = ("optimizer", "optimizer_name", "param_names", "param_overrides", "model_args")
+    return {"model": {}, "iter_num": 0, **{k: ckpt.get(k) for k in kept}}
 
 
 def open_run_folder(cfg, run) -> RunDir:
@@ -240,10 +277,12 @@ def bin_name(ckpt_name: str) -> str:
     return "model" + ckpt_name[len("ckpt"):-len(".pt")] + ".bin"
 
 
-def grad_sq_norm(model) -> torch.Tensor:
-    """Sum of the squared gradients of `model` (a device tensor: no host sync)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+def grad_sq_norm(model, run=None) -> torch.Tensor:
+    """Sum of the squared gradients of `model` (a device tensor: no host sync); under FSDP
+    (`run.fsdp`) over all ranks' gradient shards (an all-reduce)."""
+    grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
+    total = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+    return all_reduce_mean(total, run.dist) * run.dist.world_size if run is not None and run.fsdp else total
 
 
 # ---------------------------------------------------------------------- the loop
@@ -299,6 +338,10 @@ class Trainer:
         """(Re)build optimizer and wrappers around `raw_model`; restore state from `ckpt`.
         Also used after in-run growth, with a checkpoint-like dict of the grown state."""
         self.raw_model = raw_model
+        # a setting of the run, not of the model: not in model_args, so checkpoints are unchanged
+        raw_model.activation_checkpointing = self.cfg["activation_checkpointing"]
+        if self.run.fsdp:  # in place, so that the optimizer below holds the sharded parameters
+            shard_model(raw_model, self.run.dist, self.run.fsdp_param_dtype)
         self.trained = raw_model if self.heads is None else self.heads.attach(raw_model)  # what the optimizer steps
         if ckpt is not None:
             # per-parameter settings belong to the moments they were made for (exact growth)
@@ -313,7 +356,7 @@ class Trainer:
             if self.run.master:
                 print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
-        if self.run.dist.enabled:
+        if self.run.dist.enabled and not self.run.fsdp:
             ids = [self.run.dist.local_rank] if self.run.device_type == "cuda" else None
             model = DDP(model, device_ids=ids)
         self.model = model
@@ -363,8 +406,11 @@ class Trainer:
         # wins (e.g. a grown model resumed with the target model's config), with a notice
         configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
                       for g in self.optimizer.param_groups]
+        saved = ckpt["optimizer"]
+        if self.run.fsdp:  # the checkpoint's full tensors, cut like the sharded parameters
+            saved = shard_optimizer_state(self.optimizer, saved)
         try:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.optimizer.load_state_dict(saved)
         except ValueError as e:  # torch's group-size check: the state is another parameter set's
             raise UserError(f"the checkpoint's optimizer state does not fit this model's parameters ({e}); use "
                             f"init_from=resume_model to continue with a fresh optimizer") from None
@@ -377,11 +423,13 @@ class Trainer:
         if changed and self.run.master:
             print(f"notice: optimizer settings from the config replace the checkpoint's: {'; '.join(sorted(changed))}")
 
-    def checkpoint_dict(self, loader_state, rng_per_rank=None):
+    def checkpoint_dict(self, loader_state, rng_per_rank=None, full_state=None):
+        """`full_state`: (model, optimizer) state dicts gathered from the FSDP shards."""
+        model_state, optimizer_state = full_state or (self.raw_model.state_dict(), self.optimizer.state_dict())
         return {
             "format_version": ckpt_lib.FORMAT_VERSION,
-            "model": {**self.raw_model.state_dict(), **self.aux_state},
-            "optimizer": self.optimizer.state_dict(),
+            "model": {**model_state, **self.aux_state},
+            "optimizer": optimizer_state,
             "optimizer_name": self.cfg["optimizer"],
             "param_names": optimizer_param_names(self.optimizer),
             "param_overrides": self.param_overrides,
@@ -403,27 +451,39 @@ class Trainer:
 
     def save(self, loader_state, name="ckpt.pt", rng_per_rank=None):
         self.check_finite(weights=True)
+        # FSDP: every rank sends its shards, rank 0 writes the full state as an ordinary ckpt.pt
+        full = (gather_model_state(self.raw_model), gather_optimizer_state(self.optimizer, self.run.dist)) if self.run.fsdp else None
         if self.run.master:
             path = os.path.join(self.out_dir, name)
-            ckpt_lib.save_checkpoint(self.checkpoint_dict(loader_state, rng_per_rank), path)
+            ckpt = self.checkpoint_dict(loader_state, rng_per_rank, full)
+            ckpt_lib.save_checkpoint(ckpt, path)
             print(f"saved checkpoint to {path} (iter {self.iter_num})")
             if self.cfg["export_bin"]:  # beside it, as the original did (llama2.c v0, for run.c)
-                export_bin(self.raw_model, os.path.join(self.out_dir, bin_name(name)), 0)
+                model = self.raw_model if full is None else ckpt_lib.model_from_checkpoint(ckpt)
+                export_bin(model, os.path.join(self.out_dir, bin_name(name)), 0)
 
     # -- NaN guard without per-step host syncs: remember the first bad iteration on device
 
     def check_finite(self, weights=False):
-        # local check (no collective, so it may run on rank 0 alone); NaN gradients reach every
-        # rank through the all-reduce, and torchrun stops the other ranks when one exits.
-        # Before a checkpoint the weights are checked too: a step can overflow them while the
-        # loss that produced it was still finite.
+        # local check under DDP (no collective, so it may run on rank 0 alone); NaN gradients
+        # reach every rank through the all-reduce, and torchrun stops the other ranks when one
+        # exits. Before a checkpoint the weights are checked too: a step can overflow them while
+        # the loss that produced it was still finite (under FSDP every rank's shard: a collective).
         bad = int(self.first_bad_iter.item())
-        if bad < 0 and weights and not bool(torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()]).all()):
+        if weights and not self.weights_finite() and bad < 0:
             bad = self.iter_num - 1
         if bad >= 0:
             ckpt_path = os.path.join(self.out_dir, "ckpt.pt")
             kept = f"last good checkpoint kept at {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise TrainingDiverged(f"loss or weights became nan/inf at iteration {bad}; training stopped, {kept}")
+
+    def weights_finite(self) -> bool:
+        """No nan/inf in the weights; under FSDP on any rank's shard (a collective: every rank
+        checks before every checkpoint, FSDP saves being collective anyway)."""
+        ok = torch.stack([torch.isfinite(local_shard(p)).all() for p in self.raw_model.parameters()]).all()
+        if self.run.fsdp:
+            ok = all_reduce_max((~ok).int(), self.run.dist) == 0
+        return bool(ok)
 
     # -- schedule
 
@@ -472,9 +532,12 @@ class Trainer:
             improved = best is not None and best < self.best_val_loss
             if improved:
                 self.best_val_loss = float(best)
+            if self.run.fsdp:  # every rank evaluated (identical numbers): agree anyway, saves are collective
+                improved = bool(all_reduce_max(torch.tensor(int(improved), device=self.run.device), self.run.dist).item())
             self.last_eval = (it, metrics)
             parts = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-            print(f"step {it}: {parts}")
+            if self.run.master:
+                print(f"step {it}: {parts}")
             self.logger.log({"iter": it, **metrics, "best_val_loss": self.best_val_loss}, kind="eval")
             return improved
         return False
@@ -484,6 +547,8 @@ class Trainer:
     def fit(self):
         run = self.run
         self.open_log()
+        if run.device_type == "cpu":
+            retain_freed_memory()  # no page faults for each step's big tensors (tinylab/perf.py)
         self.first_bad_iter = torch.full((), -1, dtype=torch.long, device=run.device)
         # every rank handles SIGINT (torchrun forwards it to all); they agree on the stop iteration
         previous = signal.signal(signal.SIGINT, self._on_sigint)
@@ -525,7 +590,8 @@ class Trainer:
             if cfg["eval_only"]:
                 do_eval, do_gen = True, True
             improved = False
-            if do_eval and run.master:
+            # FSDP: every rank takes part in the sharded model's forward passes (and in the save)
+            if do_eval and (run.master or run.fsdp):
                 improved = self.run_eval(it, do_gen)
                 self.improved_since_save |= improved
                 if improved and cfg["keep_best_checkpoint"] and it > 0 and not cfg["eval_only"]:
@@ -564,7 +630,10 @@ class Trainer:
             log_step = it % cfg["log_interval"] == 0
             noise = self.track_noise and log_step and micro_steps > 1  # the first micro-step's gradient is local
             for micro_step in range(micro_steps):
-                if run.dist.enabled:
+                if run.fsdp:  # reduce-scatter on the last micro-step only (FSDP's no_sync); FSDP keeps
+                    # unsynced gradients inside itself, so the noise estimate syncs the first one too
+                    self.raw_model.set_requires_gradient_sync(micro_step == micro_steps - 1 or (noise and micro_step == 0))
+                elif run.dist.enabled:
                     self.model.require_backward_grad_sync = micro_step == micro_steps - 1
                 scale = batch.pop("loss_scale", 1.0 / micro_steps)
                 if rows is not None:
@@ -581,15 +650,18 @@ class Trainer:
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
                 if noise and micro_step == 0:
-                    g_small = grad_sq_norm(self.trained) / scale ** 2  # one micro-batch's gradient, squared norm
+                    g_small = grad_sq_norm(self.trained, run) / scale ** 2  # one micro-batch's gradient, squared norm
             step_tokens = micro_tokens * micro_steps * self.world
             self.tokens_seen += step_tokens
             tokens_since_log += step_tokens
             if noise:
-                g_big = grad_sq_norm(self.trained)  # the step's gradient, before clipping
+                g_big = grad_sq_norm(self.trained, run)  # the step's gradient, before clipping
                 if self.scaler.is_enabled():
                     g_small, g_big = g_small / self.scaler.get_scale() ** 2, g_big / self.scaler.get_scale() ** 2
-                noise_sample = (all_reduce_mean(g_small, run.dist), g_big, micro_rows, micro_rows * micro_steps * self.world)
+                if run.fsdp:  # the first micro-step's gradient is already the mean over all ranks' first micro-batches
+                    noise_sample = (g_small, g_big, micro_rows * self.world, micro_rows * micro_steps * self.world)
+                else:
+                    noise_sample = (all_reduce_mean(g_small, run.dist), g_big, micro_rows, micro_rows * micro_steps * self.world)
             if cfg["grad_clip"] > 0.0:
                 self.scaler.unscale_(self.optimizer)
                 clip_grad_norm(self.trained, cfg["grad_clip"], self.param_overrides)
