@@ -107,16 +107,22 @@ def is_file_path(path):
     return os.path.splitext(path)[1].lower() in FORMATS or os.path.isfile(path)
 
 
-def parse_source(entry, where, base_dir, need_weight):
-    if not isinstance(entry, dict):
-        raise UserError(f"{where}: each source must be an object with 'name' and 'path' or 'hf', got {entry!r}")
-    unknown = sorted(set(entry) - SOURCE_KEYS)
+def _named_object(entry, allowed, where, kind):
+    """(name, where naming it) of a mixture object (a source or a group): only `allowed` fields,
+    and a 'name' usable in metric names."""
+    unknown = sorted(set(entry) - allowed)
     if unknown:
-        raise UserError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(SOURCE_KEYS))})")
+        raise UserError(f"{where}: unknown {kind}field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise UserError(f"{where}: field 'name' must be a non-empty string without '/', got {name!r}")
-    where = f"{where} ('{name}')"
+    return name, f"{where} ('{name}')"
+
+
+def parse_source(entry, where, base_dir, need_weight):
+    if not isinstance(entry, dict):
+        raise UserError(f"{where}: each source must be an object with 'name' and 'path' or 'hf', got {entry!r}")
+    name, where = _named_object(entry, SOURCE_KEYS, where, "")
     path, hf = entry.get("path", ""), entry.get("hf", "")
     if bool(path) == bool(hf) or not isinstance(path or hf, str):
         raise UserError(f"{where}: give exactly one of the fields 'path' (local file) or 'hf' (hub dataset)")
@@ -180,13 +186,7 @@ def group_from_string(text, where, base_dir, split, taken=None, implicit_name=No
 
 
 def _group_from_object(entry, where, base_dir, split):
-    unknown = sorted(set(entry) - GROUP_KEYS)
-    if unknown:
-        raise UserError(f"{where}: unknown group field '{unknown[0]}' (a group has: {', '.join(sorted(GROUP_KEYS))})")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name.strip() or "/" in name:
-        raise UserError(f"{where}: field 'name' must be a non-empty string without '/', got {name!r}")
-    where = f"{where} ('{name}')"
+    name, where = _named_object(entry, GROUP_KEYS, where, "group ")
     members = entry["sources"]
     if not isinstance(members, list) or not members:
         raise UserError(f"{where}: field 'sources' must be a non-empty list of sources")
