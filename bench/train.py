@@ -73,7 +73,22 @@ class RandomBatches:
         self.i = s["i"]
 
 
-def bench_ours(cfg, iters, warmup):
+class ProfileOneStep:
+    """A step hook that runs torch.profiler over iteration `at` of the loop (from the end of the
+    step before to the end of its own: LR, micro-steps, clip, optimizer, log)."""
+
+    def __init__(self, at):
+        self.at, self.prof = at, None
+
+    def __call__(self, trainer, batch):
+        if trainer.iter_num == self.at:
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.prof.start()
+        elif trainer.iter_num == self.at + 1 and self.prof is not None:
+            self.prof.stop()
+
+
+def bench_ours(cfg, iters, warmup, profile=None):
     run = Run(cfg)
     seed_everything(cfg["seed"])
     model, _ = init_model(cfg, run)
@@ -82,6 +97,8 @@ def bench_ours(cfg, iters, warmup):
                    log_interval=1, init_from="scratch", wandb_log=False)
         trainer = Trainer(cfg, run, model, RandomBatches(cfg, run.device), evaluate=lambda *a: {})
         trainer.save = lambda *a, **k: None  # time training only
+        if profile is not None:
+            trainer.step_hooks["profile"] = profile
         import contextlib
         import io
         with contextlib.redirect_stdout(io.StringIO()):
@@ -253,6 +270,8 @@ def main():
     p.add_argument("--repeats", type=int, default=2, help="alternate ours / llama2.c this many times (every repeat is printed)")
     p.add_argument("--programs", action="store_true", help="time both whole train.py programs as subprocesses")
     p.add_argument("--threads", type=int, default=0, help="torch threads for both (programs: OMP_NUM_THREADS); 0 = torch's default")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="step mode: print torch.profiler's per-op table (ROWS rows) of one iteration of ours")
     p.add_argument("--keep_dir", default="", help="programs: work in this new folder and keep it (logs, runs)")
     p.add_argument("--llama2c_compile", default="", choices=("", "True", "False"),
                    help="torch.compile llama2.c's model; '' = the same as ours")
@@ -267,6 +286,14 @@ def main():
     if args.programs:
         return bench_programs(cfg, args, os.path.abspath(args.config), [f"--{k}={v}" for k, v in base.items()] + overrides)
     iters = args.iters if args.iters_given else 10
+    if args.profile:
+        prof = ProfileOneStep(args.warmup)
+        ms, model, run, _ = bench_ours(cfg, max(iters, 2), args.warmup, prof)
+        print(f"one training iteration after {args.warmup} warmup iterations (median of {max(iters, 2)}: {ms:.0f} ms/iter), "
+              f"batch {cfg['batch_size']}x{cfg['gradient_accumulation_steps']}, vocab {cfg['vocab_size']}, "
+              f"compile={cfg['compile']}, torch threads {torch.get_num_threads()}:")
+        print(prof.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+        return
     l2c_compile = cfg["compile"] if args.llama2c_compile == "" else args.llama2c_compile == "True"
     tokens = cfg["batch_size"] * cfg["max_seq_len"] * cfg["gradient_accumulation_steps"]
     # CPU timings drift by +-20% between runs on shared machines: alternate the two and print
