@@ -1,5 +1,5 @@
-"""Speed settings of a training process that are no model or loop code: the `compile` default
-and the C library's handling of freed memory on the CPU (measurement: the comment below; README, Performance).
+"""Speed settings of a training process that are no model or loop code: the C library's
+handling of freed memory on the CPU (what it saves: retain_freed_memory's docstring).
 """
 import ctypes
 import sys
