@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from conftest import REPO, run_main
 
 from tinylab.perf import retain_freed_memory
