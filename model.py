@@ -712,6 +712,8 @@ class Transformer(nn.Module):
             mask = (causal[None] & window[:, None, :]) | torch.eye(T - c0, dtype=torch.bool, device=dev)[None]
             pos = c.clamp_min(0)
         logits = self(idx[:, c0:], attn_mask=mask, position_ids=pos, kv_cache=cache)[:, -1, :]
+        if bool(logits.isnan().any()):  # sample_tokens would draw from NaNs without complaint
+            raise ValueError("the model's logits are NaN: its weights are not finite")
         step = 0
         while True:
             if temperature == 0.0:

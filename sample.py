@@ -43,8 +43,11 @@ def main(argv=None):
               f"sees only its last {model.params.max_seq_len // 2} to {model.params.max_seq_len} tokens", file=sys.stderr)
     gen = torch.Generator(device=device).manual_seed(a.seed)
     x = torch.tensor([ids] * a.num_samples, dtype=torch.long, device=device)
-    out = model.generate(x, new, temperature=a.temperature, top_k=a.top_k or None, generator=gen,
-                         stop_token=tok.bos_id)  # a story ends where the next one starts
+    try:
+        out = model.generate(x, new, temperature=a.temperature, top_k=a.top_k or None, generator=gen,
+                             stop_token=tok.bos_id)  # a story ends where the next one starts
+    except ValueError as e:  # NaN logits: a checkpoint of a diverged run
+        raise UserError(f"{a.checkpoint}: {e}") from None
     for row in out.tolist():
         story = row[len(ids):]
         if tok.bos_id in story:

@@ -279,6 +279,13 @@ def run_folder(ctx, name="out"):
     shutil.copytree(ctx.w.run, os.path.join(ctx.t, name))
 
 
+def nan_checkpoint(ctx, name="nan.pt"):
+    """The world's checkpoint with one NaN weight: a diverged run's."""
+    ckpt = torch.load(ctx.w.ckpt, map_location="cpu", weights_only=False)
+    next(v for k, v in ckpt["model"].items() if k.endswith("feed_forward.w2.weight"))[0, 0] = float("nan")
+    torch.save(ckpt, os.path.join(ctx.t, name))
+
+
 P = os.path.join
 
 CASES = [
@@ -447,6 +454,8 @@ CASES = [
          "tokenizer has 32000 pieces but the model's vocabulary is 8192"),
     Case("sample-start-is-a-folder", "sample.py", lambda x: EV(x, f"--start=FILE:{x.t}"), "is a folder, not a file"),
     Case("sample-typo", "sample.py", lambda x: EV(x, "--num_sample=2"), "--num_sample", "did you mean --num_samples?"),
+    Case("sample-nan-checkpoint", "sample.py", lambda x: EV(x, "--max_new_tokens=4", ckpt=P(x.t, "nan.pt")), "nan.pt: the model's logits are NaN",
+         setup=nan_checkpoint),
     # ------------------------------------------------------------------ export.py
     Case("export-version-3", "export.py", lambda x: [P(x.t, "m.bin"), "--version=3", f"--checkpoint={x.w.ckpt}"],
          "--version=3: must be one of -1, 0, 1, 2"),

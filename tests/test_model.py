@@ -268,6 +268,14 @@ def test_sample_tokens_inverts_each_rows_cdf():
     assert ((counts - n * p).abs() <= 5 * sigma + 1e-9).all(), counts
 
 
+def test_generate_refuses_nan_logits():
+    m = tiny(2)
+    with torch.no_grad():
+        m.layers[0].feed_forward.w2.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="logits are NaN"):
+        m.generate(torch.randint(0, 67, (2, 5)), 4, generator=torch.Generator().manual_seed(0))
+
+
 @pytest.mark.parametrize("rows", [1, 4, 16, 64, 65])
 def test_few_rows_linear_equals_the_module(rows):
     """model.linear: a few rows without autograd on the CPU go through (W @ x^T)^T, the same
