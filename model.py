@@ -238,10 +238,13 @@ def linear(module: nn.Linear, x):
     return torch.mm(w, x.reshape(-1, x.shape[-1]).t()).t().contiguous().view(x.shape[:-1] + (w.shape[0],))
 
 
-def _uniforms(n, device, generator):
+def _sampling_dtype(device):
     # fp64 where the device has it (MPS has no float64)
-    dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64
-    return torch.rand(n, 1, dtype=dtype, device=device, generator=generator)
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def _uniforms(n, device, generator):
+    return torch.rand(n, 1, dtype=_sampling_dtype(device), device=device, generator=generator)
 
 
 def sample_tokens(probs, generator=None):
@@ -252,8 +255,8 @@ def sample_tokens(probs, generator=None):
     (B * V: 3.3 ms of a 16-row decoding step at vocabulary 8192 on the CPU, against 0.2 ms
     here). The CDF is summed in fp64 (an fp32 running sum over 32000 entries drifts by ~1e-5,
     more than a rare token's probability); an entry of probability 0 is never drawn."""
-    cdf = probs.to(torch.float32 if probs.device.type == "mps" else torch.float64).cumsum(-1)
-    u = _uniforms(probs.shape[0], probs.device, generator).to(cdf.dtype)
+    cdf = probs.to(_sampling_dtype(probs.device)).cumsum(-1)
+    u = _uniforms(probs.shape[0], probs.device, generator)
     total = cdf[:, -1:].contiguous()
     # u * total may round up to total itself: then the last entry of nonzero probability
     last = torch.searchsorted(cdf, total)
@@ -388,20 +391,20 @@ class Attention(nn.Module):
         if BlockMask is not None and isinstance(attn_mask, BlockMask):
             # packed rows through FlexAttention (Transformer._packed_mask); it shares kv heads itself
             out = _flex_attention(xq, xk, xv, attn_mask, self.n_rep > 1)
-            return self.resid_dropout(self.wo(out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)))
-        if self.n_rep > 1:
-            # expand kv heads to match query heads (GQA); head h uses kv head h // n_rep
-            xk = xk.repeat_interleave(self.n_rep, dim=1)
-            xv = xv.repeat_interleave(self.n_rep, dim=1)
-        if attn_mask is None and seqlen > 1 and xk.shape[2] != seqlen:
-            raise ValueError("several new tokens over a non-empty KV cache need an explicit attn_mask")
-        out = F.scaled_dot_product_attention(
-            xq, xk, xv,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            # no mask: causal; a single new query over the cache may see every cached key
-            is_causal=attn_mask is None and seqlen > 1,
-        )
+        else:
+            if self.n_rep > 1:
+                # expand kv heads to match query heads (GQA); head h uses kv head h // n_rep
+                xk = xk.repeat_interleave(self.n_rep, dim=1)
+                xv = xv.repeat_interleave(self.n_rep, dim=1)
+            if attn_mask is None and seqlen > 1 and xk.shape[2] != seqlen:
+                raise ValueError("several new tokens over a non-empty KV cache need an explicit attn_mask")
+            out = F.scaled_dot_product_attention(
+                xq, xk, xv,
+                attn_mask=attn_mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                # no mask: causal; a single new query over the cache may see every cached key
+                is_causal=attn_mask is None and seqlen > 1,
+            )
         out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)
         return self.resid_dropout(linear(self.wo, out))
 
