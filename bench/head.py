@@ -14,7 +14,6 @@ The first (compiling) step is not timed.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from measure import peak_rss_mib, rss_mib  # noqa: E402  (bench/, this script's folder)
+
 from model import linear_cross_entropy  # noqa: E402
 
 MODES = ("plain", "fused", "plain_compiled", "fused_compiled")
@@ -33,11 +34,6 @@ MODES = ("plain", "fused", "plain_compiled", "fused_compiled")
 def plain_head(h, weight, targets):
     logits = F.linear(h, weight)
     return F.cross_entropy(logits.float(), targets, ignore_index=-1)
-
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def child(args, mode):
@@ -70,8 +66,7 @@ def child(args, mode):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if device == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else peak_rss_mib()
     print(json.dumps({"ms": statistics.median(times) * 1000, "peak_mib": peak - base, "loss": loss,
                       "device": device, "threads": torch.get_num_threads()}))
 

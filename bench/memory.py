@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -23,6 +22,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from measure import peak_rss_mib, rss_mib  # noqa: E402  (bench/, this script's folder)
+
 from tinylab.schema import TRAIN  # noqa: E402
 
 
@@ -32,11 +33,6 @@ def bench_train():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def child(cfg, iters, warmup):
@@ -58,7 +54,7 @@ def child(cfg, iters, warmup):
     if cuda:
         peak, base = torch.cuda.max_memory_allocated() / 2**20, None
     else:
-        peak, base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, built.get("rss")  # KiB on Linux
+        peak, base = peak_rss_mib(), built.get("rss")
     print(json.dumps({"ms": ms, "peak_mib": peak, "built_mib": base, "params": model.num_params(),
                       "device": run.device, "dtype": run.dtype, "threads": torch.get_num_threads()}))
 
