@@ -75,9 +75,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.to(_compute_dtype(x))
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x, weight, eps):
+    xf = x.to(_compute_dtype(x))
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return out.type_as(x) * weight
 
 
 def precompute_freqs_cis(head_dim: int, end: int, theta: float = 10000.0):
@@ -92,16 +96,20 @@ def apply_rotary_emb(xq, xk, cos, sin):
 
     xq, xk: (B, T, heads, head_dim); cos, sin: broadcastable to (B, T, 1, head_dim/2).
     """
-    dt = _compute_dtype(xq)
-    # a pair (x[2i], x[2i+1]) is the complex number x[2i] + i*x[2i+1], rotated by one complex
-    # multiplication: one elementwise kernel forward and backward (3x faster than real arithmetic)
-    rotation = torch.complex(cos.to(dt), sin.to(dt))
+    rotation = rope_rotation(cos, sin, _compute_dtype(xq))
+    return rotate_pairs(xq, rotation), rotate_pairs(xk, rotation)
 
-    def rotate(x):
-        pairs = torch.view_as_complex(x.to(dt).reshape(x.shape[:-1] + (-1, 2)))
-        return torch.view_as_real(pairs * rotation).flatten(3).type_as(x)
 
-    return rotate(xq), rotate(xk)
+def rope_rotation(cos, sin, dtype):
+    return torch.complex(cos.to(dtype), sin.to(dtype))
+
+
+def rotate_pairs(x, rotation):
+    """x (..., head_dim) with each pair (x[2i], x[2i+1]) taken as the complex number
+    x[2i] + i*x[2i+1] and multiplied by rotation (broadcastable to (..., head_dim/2)): one
+    elementwise kernel forward and backward (3x faster than real arithmetic)."""
+    pairs = torch.view_as_complex(x.to(_compute_dtype(x)).reshape(x.shape[:-1] + (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
 
 def _head_chunk_rows(vocab_size):
@@ -280,6 +288,7 @@ class KVCache:
         self.key_valid = torch.ones(batch_size, capacity, dtype=torch.bool, device=device)
         self.capacity = capacity
         self.length = 0
+        self.decodes_fast = None  # Transformer._decodes_fast, decided at the first one-token step
 
     def filled(self, new=0):
         """Slots holding a position once `new` more are written (all of them after a wrap)."""
@@ -579,6 +588,8 @@ class Transformer(nn.Module):
         marks its input tokens, both ways among those (document_mask). The mask is built here
         per forward (attention_impl); pass the examples' own position_ids too.
         """
+        if kv_cache is not None and tokens.shape[1] == 1 and targets is None and self._decodes_fast(kv_cache):
+            return self._decode_step(tokens, attn_mask, position_ids, kv_cache)
         h = self.norm(self._trunk(tokens, attn_mask, position_ids, kv_cache, segment_ids=segment_ids, prefix_mask=prefix_mask))
         if targets is not None and not return_logits:
             self.last_loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.output.weight,
@@ -596,6 +607,60 @@ class Transformer(nn.Module):
         if all_logits:
             return self.output(h)
         return linear(self.output, h[:, [-1], :])  # inference: only the last position is needed
+
+    # ------------------------------------------------------------------ one-token decoding
+
+    def _decodes_fast(self, kv_cache):
+        """Whether forward's one-token steps over `kv_cache` may run _decode_step: on the CPU
+        without autograd or dropout, with ordinary parameters (not FSDP2's sharded DTensors, which
+        the blocks' hooks gather) and no hooks on the submodules (_decode_step calls none of them).
+        Decided once per cache, except the per-call conditions."""
+        if torch.is_grad_enabled() or (self.training and self.params.dropout > 0):
+            return False
+        if kv_cache.decodes_fast is None:
+            hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.modules() if m is not self)
+            kv_cache.decodes_fast = (kv_cache.k.device.type == "cpu" and not hooked
+                                     and not nn.modules.module._global_forward_hooks
+                                     and not nn.modules.module._global_forward_pre_hooks
+                                     and all(type(p.data) is torch.Tensor for p in self.parameters()))
+        return kv_cache.decodes_fast
+
+    def _decode_step(self, tokens, attn_mask, position_ids, cache):
+        """forward for one new token per row over a KV cache (CPU, no autograd: _decodes_fast):
+        the blocks' arithmetic, op for op, without the modules. Every product is linear's
+        W @ x^T, and the rows stay transposed, (features, B), until the next product or the
+        rotation needs them back (linear copies back after each product). At 16 rows of the 8M shape this is about 10% of a decoding step (the
+        modules' calls and copies); the logits are forward's bit for bit (tests/test_model.py)."""
+        p, B = self.params, tokens.shape[0]
+        H, KV, hd = p.n_heads, p.kv_heads(), p.dim // p.n_heads
+        cos, sin = self._rope_tables(1, position_ids, cache.length)  # (1 or B, 1, 1, hd/2)
+        x = self.tok_embeddings(tokens[:, 0])  # (B, dim); no dropout (eval or dropout 0)
+        rotation = rope_rotation(cos, sin, _compute_dtype(x)).view(-1, 1, hd // 2)  # q and k heads alike
+        if attn_mask is not None:
+            # (B, 1, S) -> (B, 1, 1, S); made additive once here, where SDPA converts a bool mask
+            # in every layer (and its kernel takes a float mask faster)
+            attn_mask = attn_mask.reshape(B, 1, 1, -1)
+            if attn_mask.dtype == torch.bool:
+                zero = torch.zeros((), dtype=x.dtype, device=x.device)
+                attn_mask = torch.where(attn_mask, zero, zero - float("inf"))
+        for layer in self.layers:
+            a, f = layer.attention, layer.feed_forward
+            h = rms_norm(x, layer.attention_norm.weight, layer.attention_norm.eps).t()
+            q, k, v = torch.mm(a.wq.weight, h), torch.mm(a.wk.weight, h), torch.mm(a.wv.weight, h)
+            qk = rotate_pairs(torch.cat((q.t(), k.t()), 1).view(B, H + KV, hd), rotation)
+            keys, values = cache.update(layer.layer_id, qk[:, H:, None], v.t().view(B, KV, 1, hd))
+            if a.n_rep > 1:
+                keys, values = keys.repeat_interleave(a.n_rep, dim=1), values.repeat_interleave(a.n_rep, dim=1)
+            out = F.scaled_dot_product_attention(qk[:, :H, None], keys, values, attn_mask=attn_mask)
+            x = x + torch.mm(a.wo.weight, out.transpose(1, 2).reshape(B, H * hd).t()).t()
+            h = rms_norm(x, layer.ffn_norm.weight, layer.ffn_norm.eps).t()
+            gated = F.silu(torch.mm(f.w1.weight, h)) * torch.mm(f.w3.weight, h)  # (hidden, B)
+            # back to rows for w2: MKL's fp64 product of a contiguous (hidden, B) differs in the
+            # last bit from linear's (rows transposed)
+            x = x + torch.mm(f.w2.weight, gated.t().contiguous().t()).t()
+        cache.length += 1
+        h = rms_norm(x, self.norm.weight, self.norm.eps)
+        return torch.mm(self.output.weight, h.t()).t().contiguous().view(B, 1, -1)
 
     @torch.no_grad()
     def hidden_states(self, tokens, attn_mask=None, position_ids=None, segment_ids=None,

@@ -297,6 +297,78 @@ def test_few_rows_linear_equals_the_module(rows):
     assert len(calls) == (1 if rows <= model_lib.FEW_ROWS else 2) and y.requires_grad
 
 
+def decode_steps(m, tokens, prompt, fast, **kw):
+    """Logits of forward's one-token steps over a KV cache after a `prompt`-token prefill, with
+    the decoding path forced on or off (KVCache.decodes_fast), under no_grad; every third step
+    unmasked, every other one at explicit positions."""
+    B, n = tokens.shape[0], tokens.shape[1] - prompt
+    cache = model_lib.KVCache(m.params, B, tokens.shape[1], "cpu", next(m.parameters()).dtype)
+    cache.key_valid[0, :3] = False  # row 0 never sees its first three positions
+    out = []
+    with torch.no_grad():
+        m(tokens[:, :prompt], kv_cache=cache)
+        cache.decodes_fast = fast
+        for s in range(n):
+            mask = cache.key_valid[:, None, :cache.filled(1)] if s % 3 else None
+            pos = torch.full((B, 1), prompt + s - 1) if s % 2 else None
+            out.append(m(tokens[:, prompt + s:prompt + s + 1], attn_mask=mask, position_ids=pos, kv_cache=cache, **kw))
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float64, None), (torch.float64, 2), (torch.float32, 2), (torch.bfloat16, None)])
+def test_one_token_decoding_equals_the_modules_bit_for_bit(dtype, kv):
+    """forward's one-token steps over a KV cache on the CPU without autograd run
+    Transformer._decode_step (no modules, rows kept transposed between products): the same
+    logits as the modules' path bit for bit, with and without masks and explicit positions,
+    with shared kv heads, in fp64, fp32 and bf16."""
+    m = sharp(tiny(kv)).to(dtype)
+    tokens = torch.randint(0, 67, (5, 30), generator=torch.Generator().manual_seed(0))
+    fast, modules = decode_steps(m, tokens, 8, True), decode_steps(m, tokens, 8, False)
+    assert fast.shape == (5, 22, 67) and fast.dtype == dtype
+    assert torch.equal(fast, modules)
+    assert torch.allclose(fast[:, :1].double(), m(tokens[:, :9], all_logits=True)[:, -1:].double(), atol=1e-2)
+
+
+def test_one_token_decoding_goes_through_the_modules_where_it_must():
+    """The decoding path skips the submodules' calls, so it is taken only where nothing needs
+    them: a hook on a block, autograd, or dropout in training send the step through the modules
+    (the hook fires for every step); a hook on the model itself still fires on the fast path."""
+    m = tiny(2)
+    tokens = torch.randint(0, 67, (2, 12), generator=torch.Generator().manual_seed(1))
+    calls = []
+    fast_steps = []
+    real = model_lib.Transformer._decode_step
+
+    def spy(self, *a):
+        fast_steps.append(1)
+        return real(self, *a)
+
+    from unittest import mock
+    with mock.patch.object(model_lib.Transformer, "_decode_step", spy):
+        root = m.register_forward_hook(lambda *a: calls.append("root"))
+        m.generate(tokens, 5, temperature=0.0)
+        assert len(fast_steps) == 4 and calls.count("root") == 5  # prefill + 4 one-token steps
+        root.remove()
+        hook = m.layers[1].feed_forward.register_forward_hook(lambda *a: calls.append("ffn"))
+        m.generate(tokens, 5, temperature=0.0)
+        assert len(fast_steps) == 4 and calls.count("ffn") == 5
+        hook.remove()
+        cache = model_lib.KVCache(m.params, 2, 13, "cpu", torch.float64)
+        with torch.no_grad():
+            m(tokens, kv_cache=cache)
+        m(tokens[:, :1], kv_cache=cache)  # autograd on: the modules (and a graph)
+        assert len(fast_steps) == 4 and m.last_loss is None
+        dropped = tiny(2, dropout=0.5).train()
+        cache = model_lib.KVCache(dropped.params, 2, 13, "cpu", torch.float64)
+        with torch.no_grad():
+            dropped(tokens, kv_cache=cache)
+            dropped(tokens[:, :1], kv_cache=cache)
+        assert len(fast_steps) == 4
+        with torch.no_grad():
+            dropped.eval()(tokens[:, :1], kv_cache=cache)
+        assert len(fast_steps) == 5
+
+
 def sharp(m):
     """The tiny model with 20x larger query and key weights: a random model's attention is
     nearly uniform, so greedy tokens would hardly depend on positions; peaked attention makes a
