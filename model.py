@@ -10,7 +10,8 @@ Additions over llama2.c, each needed by a driver:
   - `segment_ids` / `prefix_mask` in forward: packed sequences and prefix-LM (finetune_t0.py),
     the mask built inside (FlexAttention's block mask or an SDPA mask; `attention_impl`);
   - `loss_weights` in forward: per-token loss weights (target-only T0 losses);
-  - `generate` with a KV cache (generation evaluations sample hundreds of tokens);
+  - `generate` with a KV cache (generation evaluations sample hundreds of tokens), its one-token
+    steps through `_decode_step` on the CPU (the blocks without the modules, bit for bit);
   - `hidden_states` (per-layer linear probes), `num_params`, `flops_per_token`, `estimate_mfu`;
   - an optional untied output head (`tie_embeddings=False`; HF import/export and growth).
 """
@@ -629,17 +630,19 @@ class Transformer(nn.Module):
         """forward for one new token per row over a KV cache (CPU, no autograd: _decodes_fast):
         the blocks' arithmetic, op for op, without the modules. Every product is linear's
         W @ x^T, and the rows stay transposed, (features, B), until the next product or the
-        rotation needs them back (linear copies back after each product). At 16 rows of the 8M shape this is about 10% of a decoding step (the
-        modules' calls and copies); the logits are forward's bit for bit (tests/test_model.py)."""
+        rotation needs them back (linear copies back after each product). At 16 rows of the 8M
+        shape this saves 5-11% of a decoding step (the modules' calls and copies); the logits are
+        forward's bit for bit (tests/test_model.py)."""
         p, B = self.params, tokens.shape[0]
         H, KV, hd = p.n_heads, p.kv_heads(), p.dim // p.n_heads
         cos, sin = self._rope_tables(1, position_ids, cache.length)  # (1 or B, 1, 1, hd/2)
         x = self.tok_embeddings(tokens[:, 0])  # (B, dim); no dropout (eval or dropout 0)
         rotation = rope_rotation(cos, sin, _compute_dtype(x)).view(-1, 1, hd // 2)  # q and k heads alike
         if attn_mask is not None:
-            # (B, 1, S) -> (B, 1, 1, S); made additive once here, where SDPA converts a bool mask
-            # in every layer (and its kernel takes a float mask faster)
-            attn_mask = attn_mask.reshape(B, 1, 1, -1)
+            if attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)  # (B, 1, S) -> (B, 1, 1, S), as _trunk
+            # made additive once here, where SDPA would convert a bool mask in every layer (and
+            # its kernel takes a float mask faster)
             if attn_mask.dtype == torch.bool:
                 zero = torch.zeros((), dtype=x.dtype, device=x.device)
                 attn_mask = torch.where(attn_mask, zero, zero - float("inf"))

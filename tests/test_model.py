@@ -310,6 +310,7 @@ def decode_steps(m, tokens, prompt, fast, **kw):
         cache.decodes_fast = fast
         for s in range(n):
             mask = cache.key_valid[:, None, :cache.filled(1)] if s % 3 else None
+            mask = mask[:, None] if s % 3 == 2 else mask  # (B, 1, S) and (B, 1, 1, S)
             pos = torch.full((B, 1), prompt + s - 1) if s % 2 else None
             out.append(m(tokens[:, prompt + s:prompt + s + 1], attn_mask=mask, position_ids=pos, kv_cache=cache, **kw))
     return torch.cat(out, 1)
