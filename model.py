@@ -613,10 +613,11 @@ class Transformer(nn.Module):
 
     def _decodes_fast(self, kv_cache):
         """Whether forward's one-token steps over `kv_cache` may run _decode_step: on the CPU
-        without autograd or dropout, with ordinary parameters (not FSDP2's sharded DTensors, which
-        the blocks' hooks gather) and no hooks on the submodules (_decode_step calls none of them).
-        Decided once per cache, except the per-call conditions."""
-        if torch.is_grad_enabled() or (self.training and self.params.dropout > 0):
+        for at most FEW_ROWS rows (where linear takes the same products), without autograd or
+        dropout, with ordinary parameters (not FSDP2's sharded DTensors, which the blocks' hooks
+        gather) and no hooks on the submodules (_decode_step calls none of them). Decided once
+        per cache, except the per-call conditions."""
+        if torch.is_grad_enabled() or (self.training and self.params.dropout > 0) or kv_cache.k.shape[1] > FEW_ROWS:
             return False
         if kv_cache.decodes_fast is None:
             hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.modules() if m is not self)

@@ -332,8 +332,9 @@ def test_one_token_decoding_equals_the_modules_bit_for_bit(dtype, kv):
 
 def test_one_token_decoding_goes_through_the_modules_where_it_must():
     """The decoding path skips the submodules' calls, so it is taken only where nothing needs
-    them: a hook on a block, autograd, or dropout in training send the step through the modules
-    (the hook fires for every step); a hook on the model itself still fires on the fast path."""
+    them: a hook on a block, autograd, dropout in training, or more than FEW_ROWS rows send the
+    step through the modules (the hook fires for every step); a hook on the model itself still
+    fires on the fast path."""
     m = tiny(2)
     tokens = torch.randint(0, 67, (2, 12), generator=torch.Generator().manual_seed(1))
     calls = []
@@ -357,8 +358,8 @@ def test_one_token_decoding_goes_through_the_modules_where_it_must():
         cache = model_lib.KVCache(m.params, 2, 13, "cpu", torch.float64)
         with torch.no_grad():
             m(tokens, kv_cache=cache)
-        m(tokens[:, :1], kv_cache=cache)  # autograd on: the modules (and a graph)
-        assert len(fast_steps) == 4 and m.last_loss is None
+        out = m(tokens[:, :1], kv_cache=cache)  # autograd on: the modules, and a graph
+        assert len(fast_steps) == 4 and out.requires_grad
         dropped = tiny(2, dropout=0.5).train()
         cache = model_lib.KVCache(dropped.params, 2, 13, "cpu", torch.float64)
         with torch.no_grad():
@@ -367,6 +368,9 @@ def test_one_token_decoding_goes_through_the_modules_where_it_must():
         assert len(fast_steps) == 4
         with torch.no_grad():
             dropped.eval()(tokens[:, :1], kv_cache=cache)
+        assert len(fast_steps) == 5
+        many = torch.randint(0, 67, (model_lib.FEW_ROWS + 1, 6))  # more rows: linear's x @ W^T too
+        m.generate(many, 3, temperature=0.0)
         assert len(fast_steps) == 5
 
 
