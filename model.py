@@ -322,6 +322,12 @@ class KVCache:
 ATTENTION_IMPLS = ("auto", "sdpa", "flex")
 
 
+def additive_mask(allowed, dtype):
+    """A bool attention mask (True = may attend) as SDPA's additive float mask: 0 or -inf."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, zero - float("inf"))
+
+
 def _document_rule(seg_q, seg_k, q, k, inp_q=None, inp_k=None):
     """May query q attend to key k? Same segment, and k <= q or (prefix-LM) both are input
     tokens; padding (segment 0) attends to itself only, so no softmax row is empty. The one
@@ -550,8 +556,7 @@ class Transformer(nn.Module):
         dtype = self.tok_embeddings.weight.dtype
         if torch.is_autocast_enabled(device.type) and dtype == torch.float32:
             dtype = torch.get_autocast_dtype(device.type)
-        zero = torch.zeros((), dtype=dtype, device=device)
-        return torch.where(allowed, zero, zero - float("inf"))
+        return additive_mask(allowed, dtype)
 
     def _trunk(self, tokens, attn_mask=None, position_ids=None, kv_cache=None, collect=None,
                segment_ids=None, prefix_mask=None):
@@ -617,11 +622,12 @@ class Transformer(nn.Module):
         dropout, with ordinary parameters (not FSDP2's sharded DTensors, which the blocks' hooks
         gather) and no hooks on the submodules (_decode_step calls none of them). Decided once
         per cache, except the per-call conditions."""
-        if torch.is_grad_enabled() or (self.training and self.params.dropout > 0) or kv_cache.k.shape[1] > FEW_ROWS:
+        if torch.is_grad_enabled() or (self.training and self.params.dropout > 0):
             return False
         if kv_cache.decodes_fast is None:
             hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.modules() if m is not self)
-            kv_cache.decodes_fast = (kv_cache.k.device.type == "cpu" and not hooked
+            rows = kv_cache.k.shape[1]
+            kv_cache.decodes_fast = (kv_cache.k.device.type == "cpu" and rows <= FEW_ROWS and not hooked
                                      and not nn.modules.module._global_forward_hooks
                                      and not nn.modules.module._global_forward_pre_hooks
                                      and all(type(p.data) is torch.Tensor for p in self.parameters()))
@@ -645,8 +651,7 @@ class Transformer(nn.Module):
             # made additive once here, where SDPA would convert a bool mask in every layer (and
             # its kernel takes a float mask faster)
             if attn_mask.dtype == torch.bool:
-                zero = torch.zeros((), dtype=x.dtype, device=x.device)
-                attn_mask = torch.where(attn_mask, zero, zero - float("inf"))
+                attn_mask = additive_mask(attn_mask, x.dtype)
         for layer in self.layers:
             a, f = layer.attention, layer.feed_forward
             h = rms_norm(x, layer.attention_norm.weight, layer.attention_norm.eps).t()
