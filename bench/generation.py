@@ -1,26 +1,33 @@
 """Wall time of train.py's generation evaluation: a 30-iteration run of the 8M shape with the
 default generation settings, side by side with the same run without generations.
 
-    python bench/generation.py [--threads=N] [--repeats=1] [--old] [--key=value ...]
+    python bench/generation.py [--threads=N] [--repeats=2] [--old] [--key=value ...]
 
 The run is configs/base8M.py's shape (dim 288, 6 layers, vocab 8192, max_seq_len 256) with
 batch 8, 30 iterations, eval_iters 2 and compile off, trained on the built-in corpus
 (`tinystories.py synthesize`: 3 shards x 300 stories, pretokenized with tokenizers/tok8192.model
 into a temporary folder). Evaluations at iterations 0 and 30 each generate 16 stories of up to
-350 tokens (max_new_tokens's default) from test-split headers. Each setting runs train.py's
-main() in this process; the generation share is the time spent in LMEvaluator.generate.
+350 tokens (max_new_tokens's default) from test-split headers.
+
+Every run is a process of its own (this script with --child: train.py's main() with
+LMEvaluator.generate timed), and its wall time is measured from outside, from the interpreter's
+start to its exit, as `time python train.py ...` would. The two settings alternate in ABBA order
+(with generations first in even repeats, second in odd ones), so that the machine's drift and
+whatever the first run after a pause pays fall on both. Every run and every pair is printed: the
+pair's ratio (the run with generations over the one without) and the in-run ratio total /
+(total - generation), which no drift between runs can move.
 
 --old also times the generation before the rewrite (reconstructed below: every step past
 max_seq_len re-encodes the last max_seq_len tokens without a cache, and rows generate all 350
-tokens after their story has ended). Extra --key=value arguments go to train.py. With
---repeats=N the settings alternate N times and each keeps its best time (CPU timings on shared
-machines drift).
+tokens after their story has ended). --threads=N sets OMP_NUM_THREADS for every run (without it:
+torch's default). Extra --key=value arguments go to train.py.
 """
 import argparse
-import contextlib
-import io
+import json
 import os
+import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -32,8 +39,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import model as model_lib  # noqa: E402
 import train  # noqa: E402
+from bench.measure import run_timed  # noqa: E402
 from tinylab import tinystories_data  # noqa: E402
 from tinylab.dataset_spec import parse_spec  # noqa: E402
+from tinylab.errors import cli_main  # noqa: E402
 from tinylab.lm_eval import LMEvaluator  # noqa: E402
 
 
@@ -85,8 +94,12 @@ def built_in_corpus(root):
     tinystories_data.pretokenize(root, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
 
 
-def timed_run(argv, old):
-    """(total wall s, generation s, generated tokens) of one train.py run."""
+RESULT_LINE = re.compile(r"^bench-generation: (\S+) s, (\d+) tokens$", re.M)
+
+
+def child(argv, old):
+    """One run in this process: train.main(argv), then the seconds spent in LMEvaluator.generate
+    and the tokens generated, as RESULT_LINE."""
     spent, tokens = [0.0], [0]
     real_generate, real_eval_generate = model_lib.Transformer.generate, LMEvaluator.generate
 
@@ -102,54 +115,63 @@ def timed_run(argv, old):
         return out
 
     model_lib.Transformer.generate, LMEvaluator.generate = counting_generate, eval_generate
-    log = io.StringIO()
-    try:
-        t = time.perf_counter()
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            train.main(argv)
-        return time.perf_counter() - t, spent[0], tokens[0]
-    except BaseException:
-        print(log.getvalue()[-3000:])
-        raise
-    finally:
-        model_lib.Transformer.generate, LMEvaluator.generate = real_generate, real_eval_generate
+    cli_main(train.main, argv)  # train.py's own error boundary: one line, its exit code
+    print(f"bench-generation: {spent[0]:.3f} s, {tokens[0]} tokens")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of every run (0: torch's default)")
+    p.add_argument("--repeats", type=int, default=2, help="pairs of runs (ABBA order)")
     p.add_argument("--old", action="store_true", help="also time the generation before the rewrite (slow)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one run: a JSON [argv, old]
     args, overrides = p.parse_known_args()
+    if args.child is not None:
+        argv, old = json.loads(args.child)
+        return child(argv, old)
+    if args.repeats < 1:
+        raise SystemExit("error: --repeats must be at least 1")
+    env = dict(os.environ, WANDB_MODE="disabled")
     if args.threads:
-        torch.set_num_threads(args.threads)
-    os.environ.setdefault("WANDB_MODE", "disabled")
+        env["OMP_NUM_THREADS"] = str(args.threads)
     settings = [("default generation", [], False), ("max_new_tokens=0", ["--max_new_tokens=0"], False)]
     if args.old:
         settings.append(("before the rewrite", [], True))
-    best = {}
+    runs = {name: [] for name, _, _ in settings}  # (wall s, generation s, tokens) per repeat
     with tempfile.TemporaryDirectory() as root:
         built_in_corpus(os.path.join(root, "data"))
-        for r in range(max(1, args.repeats)):
-            for k, (name, extra, old) in enumerate(settings):
+        print(f"{'run':>3} {'setting':20s} {'wall s':>7} {'CPU s':>7} {'generation s':>12} {'tokens':>6} {'load':>5}",
+              flush=True)
+        for r in range(args.repeats):
+            order = settings[:2] if r % 2 == 0 else settings[1::-1]  # ABBA
+            for name, extra, old in order + settings[2:]:
+                run_dir = os.path.join(root, f"run-{r}-{settings.index((name, extra, old))}")
                 argv = [os.path.join(REPO, "configs", "base8M.py"), f"--data_cache_dir={root}/data",
                         "--dataset_name=pretrain-all", "--batch_size=8", "--max_iters=30", "--eval_iters=2",
                         "--compile=False", "--device=cpu", "--dtype=float32", "--wandb_log=False",
-                        f"--out_dir={root}/run-{r}-{k}", *overrides, *extra]
-                result = timed_run(argv, old)
-                print(f"  {name:20s} total {result[0]:6.1f} s, generation {result[1]:6.1f} s", flush=True)
-                if name not in best or result[0] < best[name][0]:
-                    best[name] = result
+                        f"--out_dir={run_dir}", *overrides, *extra]
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([argv, old])]
+                load = os.getloadavg()[0]
+                wall, cpu, text, code = run_timed(cmd, REPO, env, run_dir + ".log")
+                found = RESULT_LINE.findall(text)
+                if code != 0 or not found:
+                    raise SystemExit(f"the {name!r} run failed (exit {code}); the end of its output:\n{text[-3000:]}")
+                gen, tokens = float(found[-1][0]), int(found[-1][1])
+                runs[name].append((wall, gen, tokens))
+                print(f"{r:>3} {name:20s} {wall:7.1f} {cpu:7.1f} {gen:12.1f} {tokens:6d} {load:5.1f}", flush=True)
     print(f"8M shape, batch 8, 30 iterations, 2 evaluations x 16 prompts x up to 350 tokens, "
-          f"torch threads {torch.get_num_threads()}, best of {max(1, args.repeats)}:")
-    base = best["max_new_tokens=0"][0]
-    for name, (total, gen, tokens) in best.items():
-        line = f"  {name:20s} {total:6.1f} s = {total / base:.2f}x the run without generations"
-        if tokens:
-            # the same ratio from within the run (immune to drift between runs): total / (total - generation)
-            line += (f"; generation {gen:.1f} s ({gen / total * 100:.0f}%, {tokens} tokens), "
-                     f"{total / (total - gen):.2f}x its own time without it")
-        print(line)
+          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '(unset: torch default ' + str(torch.get_num_threads()) + ')')}"
+          + (f"; train.py overrides {' '.join(overrides)}" if overrides else "") + "; whole-process wall time, every pair:")
+    base = runs["max_new_tokens=0"]
+    for name, results in runs.items():
+        if name == "max_new_tokens=0":
+            continue
+        pairs = [w / b[0] for (w, _, _), b in zip(results, base)]
+        inrun = [w / (w - g) for w, g, _ in results]
+        print(f"  {name}: vs the run without generations " + " ".join(f"{x:.2f}" for x in pairs)
+              + f" (median {statistics.median(pairs):.2f}); in-run total / (total - generation) "
+              + " ".join(f"{x:.2f}" for x in inrun) + f" (median {statistics.median(inrun):.2f}); generation "
+              + " ".join(f"{g:.1f}" for _, g, _ in results) + " s")
 
 
 if __name__ == "__main__":

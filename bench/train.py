@@ -31,10 +31,8 @@ iteration 0, the load average), then the per-pair ratios.
 import argparse
 import os
 import re
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +41,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from bench.measure import run_timed  # noqa: E402
 from tinylab.lm_eval import dataset_vocab  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
@@ -204,16 +203,9 @@ def program_commands(cfg, config_path, overrides, iters, data, l2c_dir, l2c_cwd,
 
 def run_program(name, cmd, cwd, env, log_path):
     """Wall s, CPU s (user + sys of the process tree), per-iteration ms list of one program run."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    text = open(log_path).read()
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed (exit {proc.returncode}); the end of its output:\n{text[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    wall, cpu, text, code = run_timed(cmd, cwd, env, log_path)
+    if code != 0:
+        raise SystemExit(f"{name} failed (exit {code}); the end of its output:\n{text[-3000:]}")
     return wall, cpu, [float(ms) for _, ms in ITER_LINE.findall(text)]
 
 

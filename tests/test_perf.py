@@ -1,14 +1,16 @@
 """CPU speed settings (tinylab/perf.py) and bench/train.py's whole-program comparison with
 llama2.c: that both programs get the same work (llama2.c's configurator accepts every value with
-its default's type), and that the per-iteration lines of both are read."""
+its default's type), and that the per-iteration lines of both are read; bench/generation.py's
+whole-process runs."""
 import ast
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_main
+from conftest import REPO, run_cli, run_main
 
 from tinylab.perf import retain_freed_memory
 from tinylab.schema import TRAIN
@@ -122,3 +124,27 @@ def test_iteration_lines_of_both_programs(lab_corpus, tmp_path):
     iter_num, lossf, lr, dt, running_mfu = 7, 2.5, 1e-4, 0.123456, -1.0
     line = f"{iter_num} | loss {lossf:.4f} | lr {lr:e} | {dt*1000:.2f}ms | mfu {running_mfu*100:.2f}%"
     assert bench.ITER_LINE.findall("step 0: train loss 1\n" + line + "\n") == [("7", "123.46")]
+
+
+def test_generation_bench_times_whole_runs_in_abba_order():
+    """bench/generation.py runs each setting as a process of its own (a tiny model here): both
+    settings alternate ABBA, the run with generations reports its generated tokens and the one
+    without reports none, and the summary prints every pair."""
+    tiny = ["--max_iters=2", "--dim=32", "--n_layers=1", "--n_heads=2", "--n_kv_heads=2", "--max_new_tokens=8"]
+    out = run_cli(["bench/generation.py", "--repeats=2", *tiny], check=True).stdout
+    runs = re.findall(r"^\s+(\d) (default generation|max_new_tokens=0)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", out, re.M)
+    assert [(r, name) for r, name, *_ in runs] == [("0", "default generation"), ("0", "max_new_tokens=0"),
+                                                  ("1", "max_new_tokens=0"), ("1", "default generation")], out
+    for _, name, wall, cpu, gen, tokens in runs:
+        assert float(wall) > 0 and float(cpu) > 0
+        # 2 evaluations x 16 prompts x 8 tokens at most (a row ends at BOS)
+        assert (0 < int(tokens) <= 2 * 16 * 8) if name == "default generation" else (int(tokens) == 0 and float(gen) == 0)
+    summary = re.search(r"vs the run without generations ([\d.]+) ([\d.]+) \(median", out)
+    assert summary, out
+    assert "train.py overrides --max_iters=2" in out
+
+
+def test_generation_bench_reports_a_failed_run():
+    out = run_cli(["bench/generation.py", "--repeats=1", "--max_iters=2", "--dim=30", "--n_heads=4"])
+    assert out.returncode != 0
+    assert "run failed" in out.stderr and "error:" in out.stderr, out.stderr[-2000:]
