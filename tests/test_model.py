@@ -1,5 +1,6 @@
 """model.py against independent references: a plain-math forward pass written here, no-cache
 decoding, llama2.c's checkpoint keys."""
+import contextlib
 import math
 
 import numpy as np
@@ -297,6 +298,18 @@ def test_few_rows_linear_equals_the_module(rows):
     assert len(calls) == (1 if rows <= model_lib.FEW_ROWS else 2) and y.requires_grad
 
 
+@contextlib.contextmanager
+def mkldnn_enabled(on):
+    """torch.backends.mkldnn.enabled set to `on` for the block (its flags() also sets TF32 and
+    warns about it)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = on
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
+
+
 def decode_steps(m, tokens, prompt, fast, **kw):
     """Logits of forward's one-token steps over a KV cache after a `prompt`-token prefill, with
     the decoding path forced on or off (KVCache.decodes_fast), under no_grad; every third step
@@ -317,17 +330,51 @@ def decode_steps(m, tokens, prompt, fast, **kw):
 
 
 @pytest.mark.parametrize("dtype,kv", [(torch.float64, None), (torch.float64, 2), (torch.float32, 2), (torch.bfloat16, None)])
-def test_one_token_decoding_equals_the_modules_bit_for_bit(dtype, kv):
+@pytest.mark.parametrize("onednn", [True, False])
+def test_one_token_decoding_equals_the_modules(dtype, kv, onednn):
     """forward's one-token steps over a KV cache on the CPU without autograd run
-    Transformer._decode_step (no modules, rows kept transposed between products): the same
-    logits as the modules' path bit for bit, with and without masks and explicit positions,
-    with shared kv heads, in fp64, fp32 and bf16."""
+    Transformer._decode_step (no modules), with and without masks and explicit positions, with
+    shared kv heads. With linear's W @ x^T products (fp64, or mkldnn switched off) its logits
+    are the modules' bit for bit; with oneDNN's packed products (fp32, bf16) fp32's agree to
+    fp32 rounding and bf16's bit for bit."""
     m = sharp(tiny(kv)).to(dtype)
     tokens = torch.randint(0, 67, (5, 30), generator=torch.Generator().manual_seed(0))
-    fast, modules = decode_steps(m, tokens, 8, True), decode_steps(m, tokens, 8, False)
+    with mkldnn_enabled(onednn):
+        fast, modules = decode_steps(m, tokens, 8, True), decode_steps(m, tokens, 8, False)
     assert fast.shape == (5, 22, 67) and fast.dtype == dtype
-    assert torch.equal(fast, modules)
+    if onednn and dtype == torch.float32:
+        assert torch.allclose(fast, modules, rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(fast, modules)
     assert torch.allclose(fast[:, :1].double(), m(tokens[:, :9], all_logits=True)[:, -1:].double(), atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_few_row_products(dtype):
+    """FewRowProducts: oneDNN's packed products in fp32 and bf16 (the pinned CPU torch has
+    oneDNN), x @ W^T to rounding; a weight changed in place is packed again; fp64, mkldnn
+    switched off and CPU autocast multiply as linear does, bit for bit."""
+    assert model_lib._onednn_products()
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(300, 96, generator=g).to(dtype), torch.randn(6, 96, generator=g).to(dtype)
+    products = model_lib.FewRowProducts(6, dtype)
+    assert products.onednn == (dtype != torch.float64)
+    out = products(w, x)
+    assert out.shape == (6, 300) and out.dtype == dtype
+    ref = x.double() @ w.double().t()
+    assert torch.allclose(out.double(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    if not products.onednn:
+        assert torch.equal(out, torch.mm(w, x.t()).t())
+    with torch.no_grad():
+        w.mul_(2)  # exact: the new product is twice the old one, bit for bit
+    assert torch.equal(products(w, x), 2 * out)
+    with mkldnn_enabled(False):
+        plain = model_lib.FewRowProducts(6, dtype)
+    assert not plain.onednn and torch.equal(plain(w, x), torch.mm(w, x.t()).t())
+    if dtype == torch.float32:  # under CPU autocast: torch.mm's own cast to bf16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cast, ref = model_lib.FewRowProducts(6, dtype)(w, x), torch.mm(w, x.t()).t()
+        assert cast.dtype == torch.bfloat16 and torch.equal(cast, ref)
 
 
 def test_one_token_decoding_goes_through_the_modules_where_it_must():
