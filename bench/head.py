@@ -24,8 +24,7 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from measure import peak_rss_mib, rss_mib  # noqa: E402  (bench/, this script's folder)
-
+from bench.measure import peak_rss_mib, rss_mib  # noqa: E402
 from model import linear_cross_entropy  # noqa: E402
 
 MODES = ("plain", "fused", "plain_compiled", "fused_compiled")

@@ -22,8 +22,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from measure import peak_rss_mib, rss_mib  # noqa: E402  (bench/, this script's folder)
-
+from bench.measure import peak_rss_mib, rss_mib  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 
 
