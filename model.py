@@ -257,32 +257,47 @@ def _onednn_products():
 
 class FewRowProducts:
     """x @ W^T for the B rows of a one-token decoding step (CPU, no autograd), W given as a
-    (out, in) weight and x as (B, in); returns (B, out), possibly a transposed view.
+    (out, in) weight, or a tuple of weights with the same `in` multiplied as one (their outputs
+    side by side: q, k, v, or w1 and w3), and x as (B, in); returns (B, out), possibly a
+    transposed view.
 
-    In fp32 and bf16 the weights are packed once per KV cache for oneDNN, whose few-row products
-    beat MKL's here: at 16 rows and 2 threads the 8192-piece head takes 0.77 ms against 1.45 ms
-    in fp32 (0.32 against 0.48 ms in bf16), a 16-row step of the 8M shape 15-18% less. In fp32
-    the sums run in another order than MKL's, so the logits differ from the modules' in the last
-    bits (about 1e-6 relative); bf16's came out the same. fp64 (which oneDNN lacks), a torch
-    without it, or mkldnn switched off multiply as `linear` does, W @ x^T, the modules' own
-    products bit for bit, and so does a step under CPU autocast (torch.mm's cast). A weight
-    changed in place between steps (its version counter moved) is packed again; the packed
-    copies live as long as the cache."""
+    A tuple is concatenated once per cache: one product for wq, wk, wv and one for w1, w3 take
+    4 calls a layer instead of 7, the head and the trunk of a 16-row step of the 8M shape 12-20%
+    less than separate products; each output's sum runs over `in` in the same order either way
+    (tests/test_model.py holds them equal bit for bit). In fp32 and bf16 the weights are
+    packed once per KV cache for oneDNN, whose few-row products beat MKL's on some hosts (at 16
+    rows and 2 threads the 8192-piece head took 0.77 ms against 1.45 ms in fp32) and match them
+    on others. In fp32 the sums run in another order than MKL's, so the logits differ from the
+    modules' in the last bits (about 1e-6 relative); bf16's came out the same. fp64 (which
+    oneDNN lacks), a torch without it, or mkldnn switched off multiply as `linear` does,
+    W @ x^T, the modules' own products bit for bit, and so does a step under CPU autocast
+    (torch.mm's cast). A weight changed in place between steps (its version counter moved) is
+    concatenated and packed again; the copies live as long as the cache."""
 
     def __init__(self, rows: int, dtype):
         self.rows = rows
         self.onednn = dtype in (torch.float32, torch.bfloat16) and _onednn_products()
-        self.packed = {}  # id(weight) -> (weight, its _version when packed, the packed copy)
+        self.prepared = {}  # ids of the weights -> (the weights, their _versions, cat, packed cat)
 
-    def __call__(self, weight, x):
+    def _prepare(self, weights, onednn):
+        key, versions = tuple(id(w) for w in weights), tuple(w._version for w in weights)
+        entry = self.prepared.get(key)
+        if entry is None or entry[1] != versions:
+            whole = weights[0] if len(weights) == 1 else torch.cat(weights)
+            entry = (weights, versions, whole, {})  # the weights are kept so their ids stay theirs
+            self.prepared[key] = entry
+        if onednn and "packed" not in entry[3]:
+            entry[3]["packed"] = torch.ops.mkldnn._reorder_linear_weight(entry[2], self.rows)
+        return entry
+
+    def __call__(self, weights, x):
+        weights = weights if isinstance(weights, tuple) else (weights,)
         # under CPU autocast torch.mm casts to the autocast dtype itself (oneDNN's op would not)
-        if self.onednn and x.dtype == weight.dtype and not torch.is_autocast_enabled("cpu"):
-            _, version, packed = self.packed.get(id(weight), (None, None, None))
-            if version != weight._version:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
-                self.packed[id(weight)] = (weight, weight._version, packed)
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
-        return torch.mm(weight, x.t()).t()  # linear's few-row product, left as a transposed view
+        onednn = self.onednn and x.dtype == weights[0].dtype and not torch.is_autocast_enabled("cpu")
+        entry = self._prepare(weights, onednn)
+        if onednn:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry[3]["packed"], None, "none", [], "")
+        return torch.mm(entry[2], x.t()).t()  # linear's few-row product, left as a transposed view
 
 
 def _sampling_dtype(device):
@@ -677,12 +692,13 @@ class Transformer(nn.Module):
     def _decode_step(self, tokens, attn_mask, position_ids, cache):
         """forward for one new token per row over a KV cache (CPU, no autograd: _decodes_fast):
         the blocks' arithmetic, op for op, without the modules, every product through the
-        cache's FewRowProducts. Where those are W @ x^T (fp64), the rows stay transposed,
-        (features, B), from one product to the next unless the rotation needs them back (linear
-        copies back after each product), and the logits are forward's bit for bit; in fp32 and
-        bf16 oneDNN's packed products take their place (tests/test_model.py). At 16 rows of the
-        8M shape the step without the modules saves 5-11% (the modules' calls and copies), the
-        packed products another 15-18%."""
+        cache's FewRowProducts (q, k, v as one, w1 and w3 as one). Where those are W @ x^T
+        (fp64), the rows stay transposed, (features, B), from one product to the next unless the
+        rotation needs them back (linear copies back after each product), and the logits are
+        forward's bit for bit; in fp32 and bf16 oneDNN's packed products take their place
+        (tests/test_model.py). At 16 rows of the 8M shape the step without the modules saves
+        5-11% (the modules' calls and copies), the packed products another 15-18% on a host
+        where oneDNN beats MKL, and the joint products of q, k, v and of w1, w3 another 2-9%."""
         p, B = self.params, tokens.shape[0]
         H, KV, hd = p.n_heads, p.kv_heads(), p.dim // p.n_heads
         product = cache.products
@@ -699,15 +715,18 @@ class Transformer(nn.Module):
         for layer in self.layers:
             a, f = layer.attention, layer.feed_forward
             h = rms_norm(x, layer.attention_norm.weight, layer.attention_norm.eps)
-            q, k, v = product(a.wq.weight, h), product(a.wk.weight, h), product(a.wv.weight, h)
-            qk = rotate_pairs(torch.cat((q, k), 1).view(B, H + KV, hd), rotation)
-            keys, values = cache.update(layer.layer_id, qk[:, H:, None], v.view(B, KV, 1, hd))
+            qkv = product((a.wq.weight, a.wk.weight, a.wv.weight), h)
+            qk = qkv[:, :(H + KV) * hd]
+            qk = qk if qk.stride(1) == 1 else qk.contiguous()  # rows of the W @ x^T view
+            qk = rotate_pairs(qk.view(B, H + KV, hd), rotation)
+            keys, values = cache.update(layer.layer_id, qk[:, H:, None], qkv[:, (H + KV) * hd:].view(B, KV, 1, hd))
             if a.n_rep > 1:
                 keys, values = keys.repeat_interleave(a.n_rep, dim=1), values.repeat_interleave(a.n_rep, dim=1)
             out = F.scaled_dot_product_attention(qk[:, :H, None], keys, values, attn_mask=attn_mask)
             x = x + product(a.wo.weight, out.transpose(1, 2).reshape(B, H * hd))
             h = rms_norm(x, layer.ffn_norm.weight, layer.ffn_norm.eps)
-            gated = F.silu(product(f.w1.weight, h)) * product(f.w3.weight, h)
+            w13 = product((f.w1.weight, f.w3.weight), h)
+            gated = F.silu(w13[:, :f.w1.weight.shape[0]]) * w13[:, f.w1.weight.shape[0]:]
             # w2 takes the rows contiguous: MKL's fp64 product of the transposed view, a
             # contiguous (hidden, B), differs in the last bit from linear's
             x = x + product(f.w2.weight, gated.contiguous())

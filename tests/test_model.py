@@ -377,6 +377,26 @@ def test_few_row_products(dtype):
         assert cast.dtype == torch.bfloat16 and torch.equal(cast, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("onednn", [True, False])
+def test_few_row_products_of_several_weights_at_once(dtype, onednn):
+    """A tuple of weights (wq, wk, wv; w1, w3) is one product over their concatenation: the
+    outputs side by side, each the same bit for bit as that weight's own product; changing
+    one of them in place concatenates (and packs) again."""
+    g = torch.Generator().manual_seed(1)
+    ws = tuple(torch.randn(n, 96, generator=g).to(dtype) for n in (64, 64, 32))
+    x = torch.randn(5, 96, generator=g).to(dtype)
+    with mkldnn_enabled(onednn):
+        products = model_lib.FewRowProducts(5, dtype)
+        fused = products(ws, x)
+        assert fused.shape == (5, 160)
+        assert torch.equal(fused, torch.cat([products(w, x) for w in ws], 1))
+        with torch.no_grad():
+            ws[1].mul_(2)
+        again = products(ws, x)
+        assert torch.equal(again[:, 64:128], 2 * fused[:, 64:128]) and torch.equal(again[:, :64], fused[:, :64])
+
+
 def test_one_token_decoding_goes_through_the_modules_where_it_must():
     """The decoding path skips the submodules' calls, so it is taken only where nothing needs
     them: a hook on a block, autograd, dropout in training, or more than FEW_ROWS rows send the
