@@ -263,31 +263,35 @@ class FewRowProducts:
 
     A tuple is concatenated once per cache: one product for wq, wk, wv and one for w1, w3 take
     4 calls a layer instead of 7, the head and the trunk of a 16-row step of the 8M shape 8-21%
-    less than separate products (in a loop over its weights); each output's sum runs over `in` in the same order either way
-    (tests/test_model.py holds them equal bit for bit). In fp32 and bf16 the weights are
-    packed once per KV cache for oneDNN, whose few-row products beat MKL's on some hosts (at 16
-    rows and 2 threads the 8192-piece head took 0.77 ms against 1.45 ms in fp32) and match them
-    on others. In fp32 the sums run in another order than MKL's, so the logits differ from the
-    modules' in the last bits (about 1e-6 relative); bf16's came out the same. fp64 (which
-    oneDNN lacks), a torch without it, or mkldnn switched off multiply as `linear` does,
-    W @ x^T, the modules' own products bit for bit, and so does a step under CPU autocast
-    (torch.mm's cast). A weight changed in place between steps (its version counter moved) is
-    concatenated and packed again; the copies live as long as the cache."""
+    less than separate products (in a loop over its weights); each output's sum runs over `in`
+    in the same order either way (tests/test_model.py holds them equal bit for bit). In fp32
+    and bf16 the weights are packed once per KV cache for oneDNN, whose few-row products beat
+    MKL's on some hosts (at 16 rows and 2 threads the 8192-piece head took 0.77 ms against
+    1.45 ms in fp32) and match them on others. In fp32 the sums run in another order than
+    MKL's, so the logits differ from the modules' in the last bits (about 1e-6 relative);
+    bf16's came out the same. fp64 (which oneDNN lacks), a torch without it, or mkldnn switched
+    off multiply as `linear` does, W @ x^T, the modules' own products bit for bit, and so does a
+    step under CPU autocast (torch.mm's cast). A weight changed in place between steps (its
+    version counter moved) is concatenated and packed again; the copies live as long as the
+    cache."""
 
     def __init__(self, rows: int, dtype):
         self.rows = rows
         self.onednn = dtype in (torch.float32, torch.bfloat16) and _onednn_products()
-        self.prepared = {}  # ids of the weights -> (the weights, their _versions, cat, packed cat)
+        self.prepared = {}  # ids of the weights -> their entry (_prepare)
 
     def _prepare(self, weights, onednn):
+        """The weights' entry: their concatenation and, once oneDNN is asked for, its packed
+        copy; made again when a weight's version counter has moved."""
         key, versions = tuple(id(w) for w in weights), tuple(w._version for w in weights)
         entry = self.prepared.get(key)
-        if entry is None or entry[1] != versions:
-            whole = weights[0] if len(weights) == 1 else torch.cat(weights)
-            entry = (weights, versions, whole, {})  # the weights are kept so their ids stay theirs
+        if entry is None or entry["versions"] != versions:
+            # the weights are kept so that their ids stay theirs while the entry lives
+            entry = {"weights": weights, "versions": versions, "packed": None,
+                     "whole": weights[0] if len(weights) == 1 else torch.cat(weights)}
             self.prepared[key] = entry
-        if onednn and "packed" not in entry[3]:
-            entry[3]["packed"] = torch.ops.mkldnn._reorder_linear_weight(entry[2], self.rows)
+        if onednn and entry["packed"] is None:
+            entry["packed"] = torch.ops.mkldnn._reorder_linear_weight(entry["whole"], self.rows)
         return entry
 
     def __call__(self, weights, x):
@@ -296,8 +300,8 @@ class FewRowProducts:
         onednn = self.onednn and x.dtype == weights[0].dtype and not torch.is_autocast_enabled("cpu")
         entry = self._prepare(weights, onednn)
         if onednn:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry[3]["packed"], None, "none", [], "")
-        return torch.mm(entry[2], x.t()).t()  # linear's few-row product, left as a transposed view
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry["packed"], None, "none", [], "")
+        return torch.mm(entry["whole"], x.t()).t()  # linear's few-row product, left as a transposed view
 
 
 def _sampling_dtype(device):
@@ -698,7 +702,8 @@ class Transformer(nn.Module):
         forward's bit for bit; in fp32 and bf16 oneDNN's packed products take their place
         (tests/test_model.py). At 16 rows of the 8M shape the step without the modules saves
         5-11% (the modules' calls and copies), the packed products another 15-18% on a host
-        where oneDNN beats MKL, and the joint products of q, k, v and of w1, w3 2-10% of a generate."""
+        where oneDNN beats MKL, and the joint products of q, k, v and of w1, w3 2-10% of a
+        whole generate."""
         p, B = self.params, tokens.shape[0]
         H, KV, hd = p.n_heads, p.kv_heads(), p.dim // p.n_heads
         product = cache.products
@@ -725,8 +730,8 @@ class Transformer(nn.Module):
             out = F.scaled_dot_product_attention(qk[:, :H, None], keys, values, attn_mask=attn_mask)
             x = x + product(a.wo.weight, out.transpose(1, 2).reshape(B, H * hd))
             h = rms_norm(x, layer.ffn_norm.weight, layer.ffn_norm.eps)
-            w13 = product((f.w1.weight, f.w3.weight), h)
-            gated = F.silu(w13[:, :f.w1.weight.shape[0]]) * w13[:, f.w1.weight.shape[0]:]
+            w13, hidden = product((f.w1.weight, f.w3.weight), h), f.w1.weight.shape[0]
+            gated = F.silu(w13[:, :hidden]) * w13[:, hidden:]
             # w2 takes the rows contiguous: MKL's fp64 product of the transposed view, a
             # contiguous (hidden, B), differs in the last bit from linear's
             x = x + product(f.w2.weight, gated.contiguous())
