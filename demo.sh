@@ -11,9 +11,12 @@ DATA=${DATA:-data/demo}
 OUT=${OUT:-out/demo}
 
 $PY tinystories.py synthesize --data_cache_dir="$DATA" --num_shards="${DEMO_SHARDS:-8}" --stories_per_shard="${DEMO_STORIES:-3000}"
-# a re-run keeps the tokenizer it made the first time (train_vocab never replaces one without --force)
+# a re-run keeps the corpus (synthesize: the same one is already there), the tokenizer it made the
+# first time (train_vocab never replaces one without --force) ...
 [ -f "$DATA/tok512.model" ] || $PY tinystories.py train_vocab --data_cache_dir="$DATA" --vocab_size=512
-$PY tinystories.py pretokenize --data_cache_dir="$DATA" --vocab_size=512
+# ... and the dataset it built (pretokenize never replaces one without --force)
+[ -f "$DATA/tok512/F_none_MM_none_AT_none_RF_none_IS_none/manifest.json" ] || \
+    $PY tinystories.py pretokenize --data_cache_dir="$DATA" --vocab_size=512
 # --overwrite=True: a re-run moves the previous demo run aside to $OUT.previous-<time> (never deletes it)
 $PY train.py configs/tiny_demo.py --data_cache_dir="$DATA" --out_dir="$OUT" --overwrite=True "$@"
 echo

@@ -31,42 +31,33 @@ from tinylab.interop import (
     read_bin,
     read_hf,
 )
-from tinylab.rundir import check_output_dir, check_output_file
+from tinylab.outputs import declared_inputs, guard_file, guard_folder
 
 SCHEMA = Schema("export.py", [("export / import", [
     Key("version", None, "format of a --checkpoint export: 0 (default), 1, 2 = llama2.c .bin (2 = int8 Q8_0); "
         "-1 = HF Llama folder. Refused in other modes", type=int, choices=(-1, 0, 1, 2)),
-    Key("checkpoint", None, "our checkpoint (ckpt.pt or its folder) to export", type=str, nonempty=True),
+    Key("checkpoint", None, "our checkpoint (ckpt.pt or its folder) to export", type=str, nonempty=True, input=True),
     Key("tokenizer", None, "sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, add it to "
-        "the HF folder; with a .bin export, write tokenizer.bin beside it", type=str, nonempty=True),
+        "the HF folder; with a .bin export, write tokenizer.bin beside it", type=str, nonempty=True, input=True),
     Key("group_size", None, "Q8_0 group size for --version=2 (default 64, halved until it divides dim); refused "
         "with other versions", type=int, range="[1, inf)"),
-    Key("import_hf", None, "HF LlamaForCausalLM folder to import as our checkpoint", type=str, nonempty=True),
-    Key("import_bin", None, "llama2.c model .bin (v0/v1/v2) to import as our checkpoint", type=str, nonempty=True),
-    Key("force", False, "replace an existing output (never a training checkpoint)"),
+    Key("import_hf", None, "HF LlamaForCausalLM folder to import as our checkpoint", type=str, nonempty=True,
+        input=True),
+    Key("import_bin", None, "llama2.c model .bin (v0/v1/v2) to import as our checkpoint", type=str, nonempty=True,
+        input=True),
+    Key("force", False, "replace an existing output of the same kind (never the input, a training checkpoint or a "
+        "run's files; an HF folder is moved aside)"),
 ])])
-
-
-def training_checkpoint(path):
-    """Why an import must not replace `path`: it is a training checkpoint (optimizer state, an
-    iteration count), which an import would turn into weights only. None for anything else."""
-    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001  not a checkpoint at all: an ordinary file (--force replaces it)
-        return None
-    if isinstance(ckpt, dict) and ckpt.get("optimizer") is not None:
-        return f"is a training checkpoint (iteration {ckpt.get('iter_num')}, optimizer state) that an import would replace"
-    return None
 
 
 def main(argv=None):
     ap = SCHEMA.argparser("Export a checkpoint to llama2.c .bin (v0/v1/v2) or a Hugging Face Llama folder, "
                           "write a run.c tokenizer .bin, or import an HF / llama2.c model as a checkpoint.")
-    ap.add_argument("filepath", nargs="?", help="output: .bin file, HF folder, tokenizer .bin, or imported checkpoint "
-                                                "(.pt file, or a folder that gets ckpt.pt)")
+    # the output's kind depends on the mode, so it is guarded below (outputs.py), before any work
+    ap.add_output("filepath", nargs="?", help="output: .bin file, HF folder, tokenizer .bin, or imported checkpoint "
+                                              "(.pt file, or a folder that gets ckpt.pt)")
     a = SCHEMA.parse_args(argv, ap)
+    inputs = declared_inputs(SCHEMA, vars(a))  # never replaced by an output (outputs.py)
 
     # --version is checked first, in every mode: a flag that does nothing must not pass silently
     if a.version is not None and a.checkpoint is None:
@@ -82,7 +73,7 @@ def main(argv=None):
             raise UserError("give one of --import_hf, --import_bin or --checkpoint")
         if not a.filepath:
             raise UserError("an import needs the output path (a .pt file, or a folder that gets ckpt.pt)")
-        out = check_output_file(import_output_path(a.filepath), a.force, "import output", protect=training_checkpoint)
+        out = guard_file(import_output_path(a.filepath), "checkpoint", a.force, inputs, "import output")
         args, state = read_hf(a.import_hf) if a.import_hf else read_bin(a.import_bin)
         source = f"hf:{a.import_hf}" if a.import_hf else f"llama2.c:{a.import_bin}"
         save_checkpoint(imported_checkpoint(args, state, source), out)
@@ -93,18 +84,19 @@ def main(argv=None):
     if a.checkpoint is None:
         if a.tokenizer is None:
             raise UserError("nothing to do: give --checkpoint, --tokenizer, --import_hf or --import_bin")
-        out = check_output_file(a.filepath or os.path.splitext(a.tokenizer)[0] + ".bin", a.force, "tokenizer output")
+        out = guard_file(a.filepath or os.path.splitext(a.tokenizer)[0] + ".bin", "tokenizer_bin", a.force, inputs,
+                         "tokenizer output")
         export_tokenizer(a.tokenizer, out)
         return
     if not a.filepath:
         raise UserError("missing the output path (first argument)")
     if version == -1:
-        check_output_dir(a.filepath, a.force, "HF export folder")
+        guard_folder(a.filepath, "hf_folder", a.force, inputs, "HF export folder")
     else:
-        check_output_file(a.filepath, a.force, "export")
+        guard_file(a.filepath, "llama2c_bin", a.force, inputs, "export")
         if a.tokenizer:
             tok_out = os.path.join(os.path.dirname(os.path.abspath(a.filepath)), "tokenizer.bin")
-            check_output_file(tok_out, a.force, "tokenizer output")
+            guard_file(tok_out, "tokenizer_bin", a.force, inputs, "tokenizer output")
     model = model_from_checkpoint(load_checkpoint(a.checkpoint)).eval()
     if version == -1:
         export_hf(model, a.filepath, a.tokenizer)

@@ -22,7 +22,6 @@ are declared in tinylab/schema.py (FINETUNE_T0).
 import os
 
 from tinylab.errors import UserError, cli_main
-from tinylab.rundir import check_output_dir
 from tinylab.schema import FINETUNE_T0
 from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
 from tinylab.t0_demo import write_demo_data
@@ -42,7 +41,7 @@ SCHEMA = FINETUNE_T0  # sweep.py reads a program's keys from here
 
 
 def make_demo_data(cfg):
-    out = check_output_dir(cfg["make_demo_data"], cfg["overwrite"], "--make_demo_data folder", "--overwrite=True")
+    out = cfg["make_demo_data"]  # guarded when the flags were parsed: new, or moved aside with --overwrite=True
     mixture = write_demo_data(out, seed=0)
     print(f"wrote {len(mixture['train'])} training and {len(mixture['valid'])} validation sources to "
           f"{os.path.join(out, 'mixture.json')}")

@@ -25,7 +25,8 @@ from tinylab.checkpoint import load_checkpoint, save_checkpoint
 from tinylab.errors import UserError, cli_main
 from tinylab.growth import GrowthOptions, grow_checkpoint, growth_summary, loss_change
 from tinylab.growth_plan import plan_main, refuse_plan_flags, split_multi_values
-from tinylab.rundir import RunDir, check_output_file
+from tinylab.outputs import guard_file
+from tinylab.rundir import RunDir
 from tinylab.schema import GROW, TRAIN
 
 
@@ -62,7 +63,8 @@ def main(argv=None):
     else:
         out_path = os.path.join(a.out_dir, "ckpt.pt")
     with RunDir(a.out_dir, enabled=a.out_dir is not None) as run_dir:  # created, locked; removed again if unused
-        check_output_file(out_path, a.force, "grown checkpoint")
+        # a grown checkpoint grow.py wrote earlier may be replaced with --force; a training run's never
+        guard_file(out_path, "grown_checkpoint", a.force, [source], "grown checkpoint", tool="grow.py")
         ckpt = load_checkpoint(a.resume)
         # the optimizer state is rebuilt with the settings the run was trained with
         cfg = {**TRAIN.defaults(), **(ckpt.get("config") or {})}
@@ -70,6 +72,7 @@ def main(argv=None):
         before, after, measured_on = loss_change(ckpt, grown, cfg)
         # the summary is built before the write, so nothing can fail after it
         summary = growth_summary(ckpt, grown, opts)
+        grown["written_by"] = "grow.py"  # the output guard lets a later grow.py --force replace this file
         save_checkpoint(grown, out_path)
         run_dir.commit()
     print(summary)

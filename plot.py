@@ -10,23 +10,25 @@ value for a metric (evaluation-only keys, generation tables, "nan" strings) are 
 Without --metrics every numeric key found is drawn. matplotlib is optional for the project, so
 its absence is a one-line error here rather than an import failure.
 """
-import os
-
 from tinylab.config import ArgParser
 from tinylab.errors import UserError, cli_main
+from tinylab.outputs import guard_parsed
 from tinylab.plotting import SKIP_KEYS, _is_number, load_runs, series
 
 
 def main(argv=None):
     ap = ArgParser(description="Plot metrics from metrics.jsonl files, run folders or a sweep's results.jsonl.")
-    ap.add_argument("inputs", nargs="+", help="metrics.jsonl files, run folders, or sweep results.jsonl")
+    ap.add_input("inputs", nargs="+", help="metrics.jsonl files, run folders, or sweep results.jsonl")
     ap.add_argument("--metrics", help="comma-separated metric names (default: every numeric metric)")
-    ap.add_argument("--out", default="curves.png", help="output PNG (default curves.png)")
+    ap.add_output("--out", kind="png", default="curves.png", help="output PNG (default curves.png; an existing one "
+                  "only with --force)")
+    ap.add_argument("--force", action="store_true", help="replace an existing --out PNG (never anything else)")
     ap.add_argument("--x", default="iter", help="x-axis key (default iter)")
     ap.add_argument("--labels", help="comma-separated legend labels, one per run")
     ap.add_argument("--logy", action="store_true", help="logarithmic y axes")
     ap.add_argument("--title", help="figure title")
     a = ap.parse_args(argv)
+    guard_parsed(ap, a, a.force, tool="plot.py")  # before any work: --out may be written (outputs.py)
 
     runs = load_runs(a.inputs)
     if not runs:
@@ -66,11 +68,8 @@ def main(argv=None):
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
-    from tinylab.fileio import (
-        atomic_file,  # a temp name + rename: never a truncated PNG
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with atomic_file(a.out) as f:
+    from tinylab.fileio import atomic_file  # a temp name + rename: never a truncated PNG
+    with atomic_file(a.out, parents=True) as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
     print(f"wrote {a.out} ({len(metrics)} metric(s), {len(runs)} run(s))")

@@ -33,11 +33,11 @@ from tinylab.sweeps import REPO, run_sweep
 
 def main(argv=None):
     ap = ArgParser(description="Run a wandb sweep YAML locally (grid or random), one run after another.")
-    ap.add_argument("sweep", help="the sweep YAML")
+    ap.add_input("sweep", help="the sweep YAML")
     ap.add_argument("--count", type=int, help="number of runs (random: required unless run_cap; grid: the first N)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     ap.add_argument("--dry_run", action="store_true", help="print the commands and exit")
-    ap.add_argument("--out_dir", help="sweep folder for results.jsonl, logs and run outputs "
+    ap.add_output("--out_dir", kind="sweep", help="sweep folder for results.jsonl, logs and run outputs "
                                       "(default: out/sweeps/<yaml name>, under the working directory)")
     ap.add_argument("--wandb_mode", default="offline", choices=("offline", "disabled", "online"),
                     help="WANDB_MODE of the runs (offline: sync later with `wandb sync`)")

@@ -35,10 +35,10 @@ from tinylab.tinystories_data import (
 
 STAGE_FLAGS = {  # which options each stage reads; any other option given is a mistake
     "download": {"data_cache_dir", "data_url"},
-    "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers"},
+    "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers", "force"},
     "train_vocab": {"data_cache_dir", "vocab_size", "vocab_shards", "keep_text", "seed", "force"},
     "pretokenize": {"data_cache_dir", "vocab_size", "tokenizer_model", "filtering", "mix_match",
-                    "adversarial_training", "refusal", "instruction_subset", "dataset_name", "seed", "workers"},
+                    "adversarial_training", "refusal", "instruction_subset", "dataset_name", "seed", "workers", "force"},
 }
 
 
@@ -48,19 +48,22 @@ def build_parser():
     p.add_argument("--data_cache_dir", default="data", help="where raw shards, tokenizers and datasets live")
     p.add_argument("--vocab_size", type=int, default=0,
                    help="tokenizer size; 0 = the Llama 2 tokenizer (shipped: tokenizers/tokenizer.model)")
-    p.add_argument("--tokenizer_model", default=None, help="explicit tokenizer .model (default: <data_cache_dir>/tok{V}.model, else tokenizers/)")
+    p.add_input("--tokenizer_model", default=None, help="explicit tokenizer .model (default: <data_cache_dir>/tok{V}.model, else tokenizers/)")
     p.add_argument("--filtering", default=None, help="e.g. features!=Twist,features=Foreshadowing,words=dog,length=300")
     p.add_argument("--mix_match", default=None, help="e.g. features=Foreshadowing:Twist (relabel in the prompt)")
     p.add_argument("--adversarial_training", default=None, help="e.g. features=Twist:1.0 (add label, keep story)")
     p.add_argument("--refusal", default=None, help="e.g. features=Twist:1.0 (add label, story -> refusal)")
     p.add_argument("--instruction_subset", default=None, help="header lines to keep, e.g. Words,Features")
-    p.add_argument("--dataset_name", default=None, help="output folder name (default: the spec string)")
+    # names the output folder <data_cache_dir>/tok{V}/<name>, which pretokenize guards (outputs.py)
+    p.add_output("--dataset_name", default=None, help="output folder name (default: the spec string); an existing "
+                 "dataset is moved aside only with --force")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (per shard)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--data_url", default=DATA_URL, help="archive URL for download")
     p.add_argument("--vocab_shards", type=int, default=10, help="train_vocab: how many leading raw shards to read")
     p.add_argument("--keep_text", action="store_true", help="train_vocab: keep the training text as tiny.txt")
-    p.add_argument("--force", action="store_true", help="train_vocab: replace an existing tokenizer")
+    p.add_argument("--force", action="store_true", help="train_vocab: replace an existing tokenizer; pretokenize / "
+                   "synthesize: move an existing dataset / corpus aside to <folder>.previous-<time>")
     p.add_argument("--num_shards", type=int, default=10, help="synthesize: shards (shard 0 is the test split)")
     p.add_argument("--stories_per_shard", type=int, default=4000, help="synthesize: stories per shard")
     return p
@@ -77,14 +80,14 @@ def main(argv=None):
         download(args.data_cache_dir, args.data_url)
     elif args.stage == "synthesize":
         synthesize(args.data_cache_dir, args.num_shards, args.stories_per_shard, args.seed,
-                   args.workers or default_workers())
+                   args.workers or default_workers(), args.force)
     elif args.stage == "train_vocab":
         train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text, args.force)
     else:
         spec = parse_spec(args.filtering, args.mix_match, args.adversarial_training, args.refusal,
                           args.instruction_subset)
         pretokenize(args.data_cache_dir, args.vocab_size, spec, args.dataset_name, args.seed,
-                    args.workers, args.tokenizer_model)
+                    args.workers, args.tokenizer_model, args.force)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,8 @@ def bench_programs(cfg, args, config_path, overrides):
     with tempfile.TemporaryDirectory() as tmp:
         root = tmp
         if args.keep_dir:  # the corpus, both programs' logs and run folders stay there
+            if os.path.lexists(args.keep_dir):
+                raise SystemExit(f"error: --keep_dir={args.keep_dir} exists; name a new folder")
             os.makedirs(args.keep_dir)
             root = os.path.abspath(args.keep_dir)
         data, l2c_cwd, layout_vocab = build_corpus(root, cfg, iters)

@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab import compare
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import cache_dir_of, emit, is_hf_dir, layout_vocab, load_model, model_tokenizer, read_rows
-from tinylab.rundir import check_output_file
 from tinylab.schema import COMPARE
 
 
@@ -70,7 +69,7 @@ def prompt_sequences(a, ckpt, tok, max_len):
 
 def main(argv=None):
     parser = COMPARE.argparser(__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT",
+    parser.add_input("checkpoints", nargs="*", metavar="CHECKPOINT",
                         help="two or more: ckpt.pt files, run folders or Hugging Face Llama folders")
     a = COMPARE.parse_args(argv, parser)
     paths = a.checkpoints
@@ -79,10 +78,8 @@ def main(argv=None):
                         f"(python {COMPARE.prog} A B [C ...])")
     pairs = compare.parse_pairs(a.pairs, len(paths))
     labels = labels_for(paths, a.labels)
-    # every check before the work: the outputs, then every input exists, then the shapes
-    outputs = [(flag, getattr(a, flag)) for flag in ("out", "plot") if getattr(a, flag)]
-    for flag, path in outputs:
-        check_output_file(path, force=a.force, what=f"--{flag}")
+    # every check before the work: the outputs (the guard, when the flags were parsed), then every
+    # input exists, then the shapes
     if a.out and a.plot and os.path.abspath(a.out) == os.path.abspath(a.plot):
         raise UserError(f"--out and --plot name the same file {a.out}")
     for p in paths:

@@ -48,7 +48,6 @@ from tinylab.fileio import write_atomic
 from tinylab.lm_eval import generate_rows
 from tinylab.pretokenized import check_dataset
 from tinylab.run_tables import open_run
-from tinylab.rundir import check_output_file
 from tinylab.schema import EVAL, MAX_NEW_TOKENS, TEMPERATURE, TOP_K
 
 SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", [
@@ -56,7 +55,7 @@ SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", 
     Key("prompts_from", None, "pretokenized dataset whose test headers are the prompts (or --tables)", type=str,
         nonempty=True),
     Key("tables", None, "instead: score the generations a run logged: its metrics.jsonl (or run folder), or a wandb "
-        "run ENTITY/PROJECT/RUN_ID; the score is written back to it", type=str, nonempty=True),
+        "run ENTITY/PROJECT/RUN_ID; the score is written back to it", type=str, nonempty=True, input=True),
     Key("metric_name", "gen_feature_score", "--tables: the name of the score written back (per dataset: "
         "<name>/<dataset>)", nonempty=True),
     Key("num_samples", 64, "stories generated", range="[1, inf)"),
@@ -66,8 +65,9 @@ SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", 
     Key("judge_url", "", "llm judge: base URL of an OpenAI-compatible API (.../v1)"),
     Key("judge_model", "gpt-3.5-turbo", "llm judge: model name"),
     Key("judge_timeout", 30.0, "llm judge: seconds per request before giving up", range="(0, inf)"),
-    Key("judge_cache", "", "llm judge: JSONL file of cached replies"),
-    Key("generations_out", "", "also write each prompt, story and verdict (JSONL)"),
+    Key("judge_cache", "", "llm judge: JSONL file of cached replies (read, then appended to)", output="jsonl_cache"),
+    Key("generations_out", "", "also write each prompt, story and verdict (JSONL; an existing file only with --force)",
+        output="jsonl"),
 ])])
 
 
@@ -133,9 +133,6 @@ def report_score(feature, m, where=""):
 
 def score_tables(a, llm):
     """--tables: judge every logged evaluation's generations and write the scores back to the run."""
-    for flag in ("out", "generations_out"):
-        if getattr(a, flag):
-            check_output_file(getattr(a, flag), force=True, what=f"--{flag}")
     run = open_run(a.tables)
     iters = sorted(run.tables, key=lambda it: (it is None, it))
     if not any(asks_for(r[0], a.feature) for it in iters for rows in run.tables[it].values() for r in rows):

@@ -37,13 +37,12 @@ from tinylab.lambada import (
     score_items,
     summarize,
 )
-from tinylab.rundir import check_output_file
 from tinylab.schema import EVAL
 from tinylab.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model
 
 SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
     Key("data", "hf", "'hf' (the HF `lambada` test split), 'hf:NAME' (another HF dataset with a text column), or a "
-        "local .jsonl / .txt / .parquet file", nonempty=True),
+        "local .jsonl / .txt / .parquet file", nonempty=True, input=True),
     Key("max_passages", 0, "only the first N passages; 0 = all", range="[0, inf)"),
 ])])
 
@@ -100,7 +99,7 @@ last word), ppl the target-word perplexity. Last stdout line: {"acc", "last_toke
 ORIGINAL = EVAL.derive("evaluation/eval_lambada.py", drop=["checkpoint", "batch_size"], sections=[
     ("staged-training's flags", [
         Key("path", "lambada_test.jsonl", "the LAMBADA file: OpenAI's lambada_test.jsonl ({\"text\": ...} per line) "
-            "or plain text, one passage per line", nonempty=True),
+            "or plain text, one passage per line", nonempty=True, input=True),
         Key("batch", 4, "passages per forward pass", range="[1, inf)"),
         Key("max_batches", 0, "only the passages of the first N batches; 0 = all (the original parsed it but never "
             "applied it)", range="[0, inf)", aliases=("max-batches",)),
@@ -130,8 +129,6 @@ def interface_of(argv) -> str:
 
 def original_main(argv):
     a = ORIGINAL.parse_args(flag_argv(argv, ORIGINAL), ORIGINAL.argparser(ORIGINAL_HELP))
-    if a.out:
-        check_output_file(a.out, force=True, what="--out")
     passages = read_original_passages(a.path, a.preprocess)
     if a.max_batches:
         passages = passages[:a.max_batches * a.batch]

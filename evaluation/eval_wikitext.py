@@ -37,7 +37,6 @@ from tinylab.config import Key, Schema
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args, load_hf_rows, read_rows
 from tinylab.perplexity import batched, block_losses, group_texts_blocks, sliding_window_nll, token_stream
-from tinylab.rundir import check_output_file
 from tinylab.schema import DEVICE, EVAL
 from tinylab.staged_eval import (
     BOS_ID,
@@ -55,7 +54,7 @@ from tinylab.token_files import TokenFile, check_special_ids, ordered_batches
 
 SCHEMA = EVAL.derive("evaluation/eval_wikitext.py", sections=[("WikiText", [
     Key("data", "hf", "'hf' (wikitext-103-raw-v1 test via `datasets`) or a local text / .jsonl / .parquet file",
-        nonempty=True),
+        nonempty=True, input=True),
     Key("stride", 0, "tokens between window starts; 0 = the window", range="[0, inf)"),
     Key("window", 0, "tokens per window; 0 = the model's max_seq_len", range="[0, inf)"),
     Key("join", "rows", "rows: tokenize rows one by one and concatenate | text: join with blank lines, tokenize once",
@@ -122,7 +121,7 @@ EVAL_SCHEMA = EVAL.derive(
         Key("dataset", "wikitext2", "wikitext2 (wikitext-103-raw-v1 test, from the hub) | openwebtext (its 0.01 test "
             "split, from the hub) | mmap (a flat uint16 token file: --dataset-path)",
             choices=("wikitext2", "openwebtext", "mmap")),
-        Key("dataset_path", "", "the token file (only with --dataset=mmap)", aliases=("dataset-path",)),
+        Key("dataset_path", "", "the token file (only with --dataset=mmap)", aliases=("dataset-path",), input=True),
         Key("block_size", 1024, "tokens per block (at most the model's context)", range="[2, inf)",
             aliases=("block-size",)),
         Key("max_steps", 0, "evaluate only the first N batches; 0 = all", range="[0, inf)", aliases=("max-steps",)),
@@ -154,8 +153,6 @@ def original_eval(argv):
         raise UserError(f"--dataset-path is only valid with --dataset=mmap (got --dataset={a.dataset})")
     if mmap and not a.dataset_path:
         raise UserError("--dataset=mmap needs --dataset-path=FILE (a flat uint16 token file)")
-    if a.out:
-        check_output_file(a.out, force=True, what="--out")
     tf = TokenFile(a.dataset_path, "--dataset-path") if mmap else None
     if tf is not None:
         tf.check_chunks(a.block_size)
@@ -251,8 +248,9 @@ TRAIN_SCHEMA = Schema("evaluation/eval_wikitext.py train", [("staged-training's 
 def original_train(argv):
     from tinylab.staged_train import run_train  # the training stack only for this subcommand
     parser = TRAIN_SCHEMA.argparser(TRAIN_HELP)
-    for name in ("train_dataset_path", "validation_dataset_path", "log_dir"):
-        parser.add_argument(name, metavar=name.upper())
+    for name in ("train_dataset_path", "validation_dataset_path"):
+        parser.add_input(name, metavar=name.upper())
+    parser.add_output("log_dir", metavar="LOG_DIR", kind="run")  # a run folder: staged_train's RunDir
     run_train(TRAIN_SCHEMA.parse_args(flag_argv(argv, TRAIN_SCHEMA), parser))
 
 

@@ -40,6 +40,7 @@ if REPO not in sys.path:
 
 from tinylab.config import ArgParser
 from tinylab.errors import UserError, cli_main  # noqa: E402
+from tinylab.outputs import guard_parsed  # noqa: E402
 
 PHASES = ("pretrain", "control", "delete", "recover", "recover_control")
 LABELS = {"pretrain": "pretrained on all data", "control": "control: never saw {d} stories",
@@ -358,7 +359,8 @@ def table(a, features, probes, curve, fx, judge, timing):
 
 def main(argv=None):
     p = ArgParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out_dir", default="out/deletion_recovery")
+    # its own folder: a rerun continues it, reusing the steps made with the same settings (outputs.py)
+    p.add_output("--out_dir", kind="experiment", default="out/deletion_recovery")
     p.add_argument("--data_cache_dir", default="", help="default: <out_dir>/data")
     p.add_argument("--feature", default="Twist", help="the capability to delete and recover")
     p.add_argument("--num_shards", type=int, default=6)
@@ -389,6 +391,7 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="2: two parallel lanes of subprocesses; 1: all in-process")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    guard_parsed(p, a, force=False, tool="experiments/deletion_recovery.py")
     from tinylab.feature_judge import check_feature, make_judge
     check_feature(a.feature)
     if a.jobs not in (1, 2):

@@ -2,11 +2,12 @@
 compute, judged at equal compute?
 
     python experiments/staged_training.py --threads=1                          # 3 seeds x 6 variants
+    python experiments/staged_training.py --report --plots=docs/staged_training --force  # the docs' plots
     python experiments/staged_training.py --threads=1 --seeds=1337 --reuse \
         --variants=width-nojump,width-aligned,width-sb-off,width-sb-split      # the width ablations
     python experiments/staged_training.py --threads=1 --seeds=1337 --max_iters=1200 \
         --variants=width,depth --out_dir=out/staged_long --plots=''            # the longer budget
-    python experiments/staged_training.py --report                             # tables + plots again
+    python experiments/staged_training.py --report                             # tables + plots again (out_dir)
     python experiments/staged_training.py --max_iters=100 --seeds=1 --out_dir=/tmp/s --plots=''  # smoke
 
 Per seed (--seed changes the data order, the initial weights and the symmetry-breaking noise),
@@ -80,6 +81,7 @@ from tinylab.config import ArgParser  # noqa: E402
 from tinylab.errors import UserError, cli_main  # noqa: E402
 from tinylab.metrics import read_metrics  # noqa: E402
 from tinylab.optim import lr_at  # noqa: E402
+from tinylab.outputs import guard_file, guard_folder, move_aside  # noqa: E402
 from tinylab.pretokenized import BatchLoader, dataset_dir  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 
@@ -511,13 +513,29 @@ def plot(seeds, prefix):
 
 
 
+def guard_outputs_of(a):
+    """Before any work (outputs.py): out_dir is new, continued (--reuse, --report) or moved aside
+    (--force); the plots are new PNGs or replaced with --force."""
+    if os.path.isdir(a.out_dir) and os.listdir(a.out_dir) and a.force and not (a.reuse or a.report):
+        guard_folder(a.out_dir, "experiment", True, flag="--out_dir")
+        move_aside(a.out_dir)
+    guard_folder(a.out_dir, "experiment", a.force, flag="--out_dir", continues=a.reuse or a.report)
+    a.plots = os.path.join(a.out_dir, "staged_training") if a.plots is None else a.plots
+    outside = a.plots and not os.path.abspath(a.plots).startswith(os.path.abspath(a.out_dir) + os.sep)
+    for suffix in (".png", "_width.png") if outside else ():  # its own folder's plots are its own to redraw
+        guard_file(a.plots + suffix, "png", a.force, flag="--plots")
+
+
 def main(argv=None):
     p = ArgParser(description="staged training experiment: width, depth and width+depth growth and the restart "
                   "variants vs a target from scratch, at equal compute, over seeds")
     p.add_argument("--data_cache_dir", default=os.path.join(REPO, "data", "staged"))
-    p.add_argument("--out_dir", default=os.path.join(REPO, "out", "staged"))
-    p.add_argument("--plots", default=os.path.join(REPO, "docs", "staged_training"),
-                   help="plot files <plots>.png and <plots>_width.png; '' = none")
+    p.add_output("--out_dir", kind="experiment", default=os.path.join(REPO, "out", "staged"),
+                 help="the experiment's folder: an earlier one is continued only with --reuse / --report, "
+                 "moved aside with --force")
+    p.add_output("--plots", default=None, help="plot files <plots>.png and <plots>_width.png (default "
+                 "<out_dir>/staged_training; docs/staged_training regenerates the docs' plots, with --force); '' = none")
+    p.add_argument("--force", action="store_true", help="move an earlier --out_dir aside and replace --plots' PNGs")
     p.add_argument("--max_iters", type=int, default=600)
     p.add_argument("--eval_interval", type=int, default=20)
     p.add_argument("--rewarmup_iters", type=int, default=20)
@@ -532,6 +550,7 @@ def main(argv=None):
     unknown = [n for n in a.variants.split(",") if n not in VARIANTS]
     if unknown:
         raise UserError(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    guard_outputs_of(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.time()

@@ -371,8 +371,11 @@ CASES = [
          setup=lambda x: write(P(x.t, "m.json"), json.dumps({"train": [{"name": "a", "path": "missing.jsonl"}]}))),
     Case("t0-demo-into-file", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'blocker')}"], "not a folder",
          setup=a_file),
-    Case("t0-demo-over-folder", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'demo')}"],
-         "already exists and is not empty", "--overwrite=True", setup=lambda x: write(P(x.t, "demo", "mine.txt"), "x")),
+    Case("t0-demo-over-folder", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'demo')}", "--overwrite=True"],
+         "holds files that are not a T0 demo data folder", "mine.txt", "never replaced",
+         setup=lambda x: write(P(x.t, "demo", "mine.txt"), "x")),
+    Case("t0-demo-over-demo", "finetune_t0.py", lambda x: [f"--make_demo_data={P(x.t, 'demo')}"],
+         "already exists", "--overwrite=True", setup=lambda x: write(P(x.t, "demo", "mixture.json"), "{}")),
     # ------------------------------------------------------------------ tinystories.py
     Case("data-unknown-stage", "tinystories.py", lambda x: ["tokenize"], "invalid choice: 'tokenize'"),
     Case("data-stray-flag", "tinystories.py", lambda x: ["download", f"--data_cache_dir={x.t}", "--vocab_size=512"],
@@ -436,8 +439,8 @@ CASES = [
     Case("grow-out-dir-is-a-file", "grow.py", lambda x: GROW(x, "--doubling=weights", out=P(x.t, "blocker")),
          "not a folder", setup=a_file),
     Case("grow-out-dir-empty", "grow.py", lambda x: GROW(x, "--doubling=weights", out=""), "must not be empty"),
-    Case("grow-over-existing", "grow.py", lambda x: GROW(x, "--doubling=weights", out=P(x.t, "out")), "already exists",
-         "--force", setup=run_folder),
+    Case("grow-over-a-run", "grow.py", lambda x: GROW(x, "--doubling=weights", "--force", out=P(x.t, "out")),
+         "training checkpoint", "never replaced", setup=run_folder),
     # ------------------------------------------------------------------ sample.py
     Case("sample-num-samples", "sample.py", lambda x: EV(x, "--num_samples=0"), "--num_samples=0: must be in [1, inf)"),
     Case("sample-temperature", "sample.py", lambda x: EV(x, "--temperature=-1"), "--temperature=-1.0: must be in [0, inf)"),
@@ -469,8 +472,10 @@ CASES = [
          "give one of"),
     Case("export-nothing-to-do", "export.py", lambda x: [P(x.t, "m.bin")], "nothing to do"),
     Case("export-no-output", "export.py", lambda x: [f"--checkpoint={x.w.ckpt}"], "missing the output path"),
-    Case("export-existing-output", "export.py", lambda x: [P(x.t, "blocker"), f"--checkpoint={x.w.ckpt}"],
-         "already exists", "--force", setup=a_file),
+    Case("export-existing-output", "export.py", lambda x: [P(x.t, "m.bin"), f"--checkpoint={x.w.ckpt}"],
+         "already exists", "--force", setup=lambda x: write(P(x.t, "m.bin"), b"\x00\xff" * 8)),
+    Case("export-over-a-text-file", "export.py", lambda x: [P(x.t, "blocker"), f"--checkpoint={x.w.ckpt}", "--force"],
+         "a text file, not the llama2.c model .bin", "never replaced", setup=a_file),
     Case("export-hf-onto-file", "export.py", lambda x: [P(x.t, "blocker"), "--version=-1", f"--checkpoint={x.w.ckpt}",
                                                         "--force"], "not a folder", setup=a_file),
     Case("export-import-over-training-ckpt", "export.py",
@@ -484,11 +489,11 @@ CASES = [
          "has no config.json"),
     Case("export-version-with-tokenizer", "export.py", lambda x: [P(x.t, "t.bin"), "--version=1", f"--tokenizer={TOK8192}"],
          "--version=1 applies only to a --checkpoint export"),
-    Case("export-tokenizer-output-exists", "export.py", lambda x: [P(x.t, "blocker"), f"--tokenizer={TOK8192}"],
-         "tokenizer output", "already exists", setup=a_file),
+    Case("export-tokenizer-output-exists", "export.py", lambda x: [P(x.t, "t.bin"), f"--tokenizer={TOK8192}"],
+         "tokenizer output", "already exists", setup=lambda x: write(P(x.t, "t.bin"), b"\x00\xff" * 8)),
     Case("export-bin-beside-a-tokenizer-bin", "export.py",  # the model .bin is not written either
          lambda x: [P(x.t, "m.bin"), f"--checkpoint={x.w.ckpt}", f"--tokenizer={TOK8192}"], "tokenizer.bin already exists",
-         setup=lambda x: a_file(x, "tokenizer.bin")),
+         setup=lambda x: write(P(x.t, "tokenizer.bin"), b"\x00\xff" * 8)),
     Case("export-tokenizer-not-model", "export.py", lambda x: [P(x.t, "t.bin"), f"--tokenizer={x.w.latin1}"],
          "not a sentencepiece model"),
     # ------------------------------------------------------------------ sweep.py
@@ -518,7 +523,9 @@ CASES = [
          "the inputs hold no numeric metrics", setup=lambda x: metrics_file(x, [b'{"iter": 0, "kind": "table"}'])),
     Case("plot-labels", "plot.py", lambda x: [P(x.t, "run"), "--labels=a,b", f"--out={P(x.t, 'c.png')}"],
          "--labels has 2 names for 1 runs", setup=metrics_file),
-    Case("plot-out-is-a-folder", "plot.py", lambda x: [P(x.t, "run"), f"--out={P(x.t, 'run')}"], "run", code=1,
+    Case("plot-out-is-its-input", "plot.py", lambda x: [P(x.t, "run"), f"--out={P(x.t, 'run')}"], "own input",
+         setup=metrics_file),
+    Case("plot-out-is-a-folder", "plot.py", lambda x: [P(x.t, "run"), f"--out={x.t}"], "is a folder",
          setup=metrics_file),
     # ------------------------------------------------------------------ evaluation/eval_wikitext.py
     Case("wikitext-missing-data", "evaluation/eval_wikitext.py", lambda x: EV(x, f"--data={P(x.t, 'w.txt')}"),
@@ -617,12 +624,12 @@ READ_ONLY_CASES = [
     ("export-hf", "export.py", lambda x, ro: [P(ro, "hf"), "--version=-1", f"--checkpoint={x.w.ckpt}"], 2,
      ("is not writable",)),
     ("import-bin", "export.py", lambda x, ro: [P(ro, "imp"), f"--import_bin={x.w.bin}"], 2, ("is not writable",)),
-    ("plot", "plot.py", lambda x, ro: [P(x.t, "run"), f"--out={P(ro, 'c.png')}"], 1, (f"c.png: {RO_CAUSE}",)),
+    ("plot", "plot.py", lambda x, ro: [P(x.t, "run"), f"--out={P(ro, 'c.png')}"], 2, ("c.png", "is not writable")),
     ("synthesize", "tinystories.py", lambda x, ro: ["synthesize", f"--data_cache_dir={P(ro, 'cache')}", "--num_shards=2",
-                                                    "--stories_per_shard=5"], 1, (f"TinyStories_all_data: {RO_CAUSE}",)),
+                                                    "--stories_per_shard=5"], 2, ("TinyStories_all_data", "is not writable")),
     ("train-vocab", "tinystories.py", lambda x, ro: ["train_vocab", f"--data_cache_dir={P(ro, 'cache')}",
-                                                     "--vocab_size=300"], 1, (f"tok300.model: {RO_CAUSE}",)),
-    ("pretokenize", "tinystories.py", lambda x, ro: PRE(x, cache=P(ro, "cache")), 1, (f"IS_none: {RO_CAUSE}",)),
+                                                     "--vocab_size=300"], 2, ("tok300.model", "is not writable")),
+    ("pretokenize", "tinystories.py", lambda x, ro: PRE(x, cache=P(ro, "cache")), 2, ("IS_none", "is not writable")),
     ("wikitext-out", "evaluation/eval_wikitext.py", lambda x, ro: EV(x, f"--data={WIKITEXT}", "--max_rows=5",
                                                                        f"--out={P(ro, 'm.json')}"), 2,
      ("--out", "m.json", "is not writable")),  # before any work
@@ -913,3 +920,357 @@ def test_lambada_leaves_out_a_word_longer_than_the_window(world, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "notice: 1 passage(s) left out" in proc.stdout and "Traceback" not in proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 2
+
+
+# ---------------------------------------------------------------------- the output guard (tinylab/outputs.py)
+#
+# Every entry point's output flags are collected from its parsers (the ones main() builds and the
+# schemas the module defines), never listed by hand: a flag that looks like an output must be
+# declared as one (Key(output=...), ArgParser.add_output), and every declared output must have a
+# row in OUTPUT_CASES below, whose protected targets are then refused even with --force.
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import glob as _glob  # noqa: E402
+import importlib  # noqa: E402
+import re  # noqa: E402
+
+from tinylab.config import Schema  # noqa: E402
+
+ENTRY_SCRIPTS = sorted({"train.py", "tinystories.py", "grow.py", "finetune_t0.py", "sample.py", "export.py", "sweep.py",
+                        "plot.py"} | {os.path.relpath(p, REPO) for pattern in ("evaluation/*.py", "experiments/*.py")
+                                     for p in _glob.glob(os.path.join(REPO, pattern)) if not p.endswith("__init__.py")})
+DRIVER_SCRIPTS = {"train.py", "finetune_t0.py"}  # config-file programs: their module-level SCHEMA is the parser
+OUTPUT_LOOKING = re.compile(r"(^out$|^out_|_out$|output|^plots?$|^save$|^save_prefix$|prefix$|^log_dir$|^filepath$|"
+                            r"_demo_data$|cache$)")
+
+
+class _Captured(Exception):
+    pass
+
+
+def _subcommands(module) -> list:
+    """The strings main() compares argv[0] with (eval_wikitext.py's `eval` / `train`)."""
+    tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Subscript) and \
+                ast.unparse(node.left) == "argv[0]":
+            found += [c.value for c in node.comparators if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+    return found
+
+
+def entry_parsers(script):
+    """[(label, parser)] of one entry point: what main() parses (captured at its first
+    parse_known_args, before any work) for each subcommand, then every Schema the module defines
+    that main() did not build."""
+    module = importlib.import_module(script[:-3].replace("/", "."))
+    parsers, seen = [], set()
+    if script not in DRIVER_SCRIPTS:
+        original = argparse.ArgumentParser.parse_known_args
+
+        def capture(self, *a, **k):
+            raise _Captured(self)
+        for sub in [None] + _subcommands(module):
+            argparse.ArgumentParser.parse_known_args = capture
+            try:
+                module.main([] if sub is None else [sub])
+            except _Captured as c:
+                parser = c.args[0]
+                parsers.append((script if sub is None else f"{script} {sub}", parser))
+                seen.add(id(getattr(parser, "schema", None)))
+            finally:
+                argparse.ArgumentParser.parse_known_args = original
+    for name, value in sorted(vars(module).items(), key=lambda kv: (kv[0] != "SCHEMA", kv[0])):
+        if isinstance(value, Schema) and id(value) not in seen and (value.prog.startswith(script) or script in DRIVER_SCRIPTS
+                                                                    and value.prog == script):
+            seen.add(id(value))
+            parsers.append((f"{script}:{name}", value.argparser("")))
+    return parsers
+
+
+def declared_outputs():
+    """{(label, dest): kind} of every output any entry point declares; fails on an undeclared one."""
+    found, undeclared = {}, []
+    for script in ENTRY_SCRIPTS:
+        for label, parser in entry_parsers(script):
+            for action in parser._actions:
+                if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+                    continue
+                io = getattr(action, "io", None)
+                if io == "output":
+                    found[(label, action.dest)] = action.kind
+                elif io is None and OUTPUT_LOOKING.search(action.dest):
+                    undeclared.append(f"{label} --{action.dest}")
+    assert not undeclared, f"flags that look like outputs but are not declared (Key(output=...) / add_output): {undeclared}"
+    return found
+
+
+def training_ckpt(path):
+    """A training checkpoint (optimizer state) of a tiny model at `path`."""
+    from conftest import save_tiny_checkpoint
+    return save_tiny_checkpoint(path, optimizer={"state": {}, "param_groups": []}, iter_num=7)
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    """Files and folders the guard must protect (snapshotted around every case)."""
+    from conftest import save_tiny_checkpoint
+    root = str(tmp_path_factory.mktemp("output_targets"))
+    t = SimpleNamespace(root=root, run=P(root, "run"))
+    t.ckpt = training_ckpt(P(t.run, "ckpt.pt"))
+    write(P(t.run, "metrics.jsonl"), '{"iter": 0, "kind": "train", "loss/train": 3.0}\n')
+    write(P(t.run, "config.json"), '{"dim": 32}\n')
+    t.metrics, t.config = P(t.run, "metrics.jsonl"), P(t.run, "config.json")
+    t.weights = save_tiny_checkpoint(P(root, "weights", "ckpt.pt"))  # weights only: an import's output
+    t.weights2 = save_tiny_checkpoint(P(root, "weights2.pt"))
+    write(P(root, "old.png"), b"\x89PNG\r\n\x1a\n" + b"\0" * 32)
+    write(P(root, "old.json"), '{"ppl": 3.0}\n')
+    write(P(root, "plotj.png"), '{"a JSON file": "named .png"}\n')
+    write(P(root, "old.jsonl"), '{"a": 1}\n{"a": 2}\n')
+    write(P(root, "old.bin"), b"\x00\xff" * 16)
+    write(P(root, "configs", "my.py"), "learning_rate = 1e-4\n")
+    write(P(root, "notes.txt"), "my notes\n")
+    write(P(root, "hf", "config.json"), "{}")
+    write(P(root, "hf", "model.safetensors"), b"\0" * 8)
+    write(P(root, "foreign", "mine.txt"), "x")
+    write(P(root, "demo", "mixture.json"), "{}")
+    write(P(root, "exp", "results.json"), "{}")
+    write(P(root, "sweep", "results.jsonl"), "")
+    write(P(root, "s.yaml"), "program: train.py\nmethod: grid\nparameters:\n  learning_rate:\n    values: [0.001]\n")
+    write(P(root, "in.jsonl"), '{"inputs": "a", "targets": "b"}\n')
+    for suffix in ("_inputs_document.bin", "_inputs_document.idx", "_targets_document.bin", "_targets_document.idx"):
+        write(P(root, "pfx" + suffix), b"\x00\xff" * 4)
+    write(P(root, "jpfx_inputs_document.bin"), '{"not": "binary"}\n')
+    return t
+
+
+def _file(t, name):
+    return {"ckpt": t.ckpt, "metrics": t.metrics, "config": t.config, "png": P(t.root, "old.png"),
+            "json": P(t.root, "old.json"), "jsonl": P(t.root, "old.jsonl"), "bin": P(t.root, "old.bin"),
+            "py": P(t.root, "configs", "my.py"), "txt": P(t.root, "notes.txt"), "json_png": P(t.root, "plotj.png")}[name]
+
+
+# (label, dest) -> how to run it with the output at `out`: argv(t, out) (the force flag is added
+# by the case), the force flag, the kind's same-kind file (refused without force), the files of
+# other kinds to try, and whether an argv(t, out=input) makes the output its own input
+EVAL_FILE = dict(force="--force", same="json", others=("ckpt", "metrics", "config", "png", "py", "bin"))
+OUTPUT_CASES = {
+    ("plot.py", "out"): dict(argv=lambda t, o: [t.run, f"--out={o}"], force="--force", same="png",
+                             others=("ckpt", "metrics", "config", "json", "py"), own=lambda t: [t.metrics, f"--out={t.metrics}"]),
+    ("evaluation/eval_wikitext.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", f"--out={o}"],
+                                                 own=lambda t: [f"--checkpoint={t.weights2}", f"--out={t.weights2}"],
+                                                 **EVAL_FILE),
+    ("evaluation/eval_wikitext.py eval", "out"): dict(argv=lambda t, o: ["eval", f"--checkpoint-file={t.weights}",
+                                                                         f"--out={o}"], **EVAL_FILE),
+    ("evaluation/eval_lambada.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", f"--out={o}"], **EVAL_FILE),
+    ("evaluation/eval_lambada.py:ORIGINAL", "out"): dict(argv=lambda t, o: [f"--checkpoint-file={t.weights}", f"--out={o}"],
+                                                         **EVAL_FILE),
+    ("evaluation/eval_features.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", f"--out={o}"],
+                                                 **EVAL_FILE),
+    ("evaluation/eval_features.py", "generations_out"): dict(
+        argv=lambda t, o: [f"--checkpoint={t.weights}", f"--generations_out={o}"], force="--force", same="jsonl",
+        others=("ckpt", "metrics", "png", "py", "bin")),
+    ("evaluation/eval_features.py", "judge_cache"): dict(  # appended to: an existing cache is not refused
+        argv=lambda t, o: [f"--checkpoint={t.weights}", "--judge=llm", f"--judge_cache={o}"], force="--force",
+        same=None, others=("ckpt", "metrics", "png", "py", "bin")),
+    ("evaluation/probe.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", "--dataset=x", f"--out={o}"],
+                                         **EVAL_FILE),
+    ("evaluation/eval_rank.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", f"--out={o}"], **EVAL_FILE),
+    ("evaluation/compare_checkpoints.py", "out"): dict(argv=lambda t, o: [t.weights, t.weights2, f"--out={o}"],
+                                                       own=lambda t: [t.weights, t.weights2, f"--out={t.weights2}"],
+                                                       **EVAL_FILE),
+    ("evaluation/compare_checkpoints.py", "plot"): dict(argv=lambda t, o: [t.weights, t.weights2, f"--plot={o}"],
+                                                        force="--force", same="png",
+                                                        others=("ckpt", "metrics", "config", "json", "py")),
+    ("export.py", "filepath"): dict(argv=lambda t, o: [o, f"--checkpoint={t.weights}"], force="--force", same="bin",
+                                    others=("ckpt", "metrics", "config", "png", "json", "py"),
+                                    own=lambda t: [t.weights, f"--checkpoint={t.weights}", "--force"]),
+    ("grow.py", "plan_out"): dict(argv=lambda t, o: ["--plan", f"--runs={t.run}", "--budget=1e15", f"--plan_out={o}"],
+                                  **EVAL_FILE),
+    ("grow.py", "out_dir"): dict(argv=lambda t, o: ["--doubling=weights", f"--resume={t.weights}", f"--out_dir={o}"],
+                                 force="--force", folder_of="ckpt.pt", same=None, others=("ckpt",),
+                                 own=lambda t: ["--doubling=weights", f"--resume={t.ckpt}", f"--out_dir={t.run}"]),
+    ("finetune_t0.py:SCHEMA", "output_prefix"): dict(
+        argv=lambda t, o: ["--preprocess", f"--input={P(t.root, 'in.jsonl')}", f"--model_dir={t.weights}",
+                           f"--output_prefix={o}"], force="--overwrite=True", prefix=("pfx", "jpfx")),
+    ("finetune_t0.py:SCHEMA", "make_demo_data"): dict(argv=lambda t, o: [f"--make_demo_data={o}"], force="--overwrite=True",
+                                                      folder=("demo", "foreign", "run")),
+    ("sweep.py", "out_dir"): dict(argv=lambda t, o: [P(t.root, "s.yaml"), f"--out_dir={o}", "--dry_run"],
+                                  force=None, folder=(None, "foreign", "run"), appends="sweep"),
+    ("tinystories.py", "dataset_name"): dict(dataset=True),
+    ("experiments/deletion_recovery.py", "out_dir"): dict(argv=lambda t, o: [f"--out_dir={o}", "--jobs=0"], force=None,
+                                                           folder=(None, "foreign", "run"), appends="exp"),
+    ("experiments/staged_training.py", "out_dir"): dict(argv=lambda t, o: [f"--out_dir={o}", "--plots="],
+                                                         force="--force", folder=("exp", "foreign", "run")),
+    ("experiments/staged_training.py", "plots"): dict(
+        argv=lambda t, o: [f"--out_dir={P(t.root, 'new_exp')}", f"--plots={o[:-len('.png')]}"], force="--force",
+        same="png", others=("json_png",)),
+    # run folders: rundir.RunDir's rules, which the cases of the table above test (an existing run is
+    # refused without --overwrite=True and then moved aside, a file in the way, a read-only folder)
+    ("train.py:SCHEMA", "out_dir"): dict(run=True),
+    ("finetune_t0.py:SCHEMA", "out_dir"): dict(run=True),
+    ("evaluation/eval_wikitext.py train", "log_dir"): dict(run=True),
+}
+
+
+def test_every_output_flag_is_declared_and_has_a_guard_case():
+    found = declared_outputs()
+    assert len(found) >= 20, sorted(found)  # the walk sees the tools' outputs
+    missing = sorted(set(found) - set(OUTPUT_CASES))
+    assert not missing, f"output flags without a case in OUTPUT_CASES (add one, so the guard is tested): {missing}"
+    stale = sorted(set(OUTPUT_CASES) - set(found))
+    assert not stale, f"OUTPUT_CASES rows no parser has any more: {stale}"
+
+
+def _guard_cases():
+    """(id, label, script, argv(t), fragments): one refused command each, all expected to exit 2
+    with one error line and no file changed."""
+    out = []
+    for (label, dest), c in OUTPUT_CASES.items():
+        script = label.split(":")[0].split(" ")[0]
+        name = f"{label.replace(':SCHEMA', '').replace(':', '-')}--{dest}"
+        if c.get("run") or c.get("dataset"):
+            continue
+        force = [c["force"]] if c.get("force") else []
+        if c.get("prefix"):
+            same, other = c["prefix"]
+            out.append((f"{name}-exists", script, lambda t, c=c, s=same: c["argv"](t, P(t.root, s)),
+                        ("already exists", c["force"])))
+            out.append((f"{name}-other-kind", script, lambda t, c=c, o=other, f=force: c["argv"](t, P(t.root, o)) + f,
+                        ("a JSON file", "never replaced")))
+            continue
+        if c.get("folder") or c.get("folder_of"):
+            kinds = c.get("folder") or ("run",)
+            for kind in kinds:
+                if kind is None:
+                    continue
+                what = {"run": ("training", "never replaced"), "foreign": ("mine.txt", "never replaced"),
+                        "demo": ("already exists", c["force"] or ""), "exp": ("already exists", c["force"] or "")}[kind]
+                extra = force if kind in ("run", "foreign") else []
+                out.append((f"{name}-{kind}", script, lambda t, c=c, k=kind, e=extra: c["argv"](t, P(t.root, k)) + e, what))
+        else:
+            if c.get("same"):
+                out.append((f"{name}-exists", script, lambda t, c=c: c["argv"](t, _file(t, c["same"])),
+                            ("already exists", c["force"])))
+            for other in c["others"]:
+                why = {"ckpt": "training checkpoint", "metrics": "metrics log", "config": "run's config.json"}.get(other,
+                                                                                                                   "this command writes")
+                out.append((f"{name}-over-{other}", script, lambda t, c=c, o=other, f=force: c["argv"](t, _file(t, o)) + f,
+                            (why, "never replaced")))
+        if c.get("own"):
+            out.append((f"{name}-own-input", script, lambda t, c=c, f=force: c["own"](t) + f, ("own input",)))
+    return out
+
+
+GUARD_CASES = _guard_cases()
+
+
+@pytest.mark.parametrize("case", GUARD_CASES, ids=[c[0] for c in GUARD_CASES])
+def test_output_guard_refuses(case, targets, tmp_path):
+    _, script, argv, fragments = case
+    before = snapshot(targets.root)
+    proc = run_main(script, argv(targets), cwd=str(tmp_path))
+    assert_error(proc, 2, *[f for f in fragments if f])
+    assert_nothing_lost(before, snapshot(targets.root), nothing_new=True)
+
+
+@pytest.mark.parametrize("label", ["sweep", "exp"])
+def test_output_guard_continues_the_tools_own_folders(label, targets, tmp_path):
+    """sweep.py continues its own sweep folder, deletion_recovery.py its own experiment folder."""
+    script, argv = {"sweep": ("sweep.py", [P(targets.root, "s.yaml"), f"--out_dir={P(targets.root, 'sweep')}",
+                                           "--dry_run"]),
+                    "exp": ("experiments/deletion_recovery.py", [f"--out_dir={P(targets.root, 'exp')}", "--jobs=0"])}[label]
+    before = snapshot(targets.root)
+    proc = run_main(script, argv, cwd=str(tmp_path))
+    if label == "sweep":
+        assert proc.returncode == 0, proc.stderr
+    else:  # past the guard: the next check is the bad --jobs
+        assert_error(proc, 2, "--jobs")
+    assert_nothing_lost(before, snapshot(targets.root), nothing_new=True)
+
+
+@pytest.mark.parametrize("kind", ["exists", "foreign", "run", "force-moves-aside"])
+def test_pretokenize_into_an_existing_dataset(kind, world, tmp_path):
+    """An existing dataset name is refused without --force and moved aside with it; a folder that is
+    not a dataset (or holds a run) is refused even with --force."""
+    ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
+    cache = copy_raw(ctx)
+    folder = P(cache, "tok8192", "base")
+    if kind == "foreign":
+        write(P(folder, "mine.txt"), "x")
+    elif kind == "run":
+        shutil.copytree(world.run, folder)
+    else:
+        assert run_main("tinystories.py", PRE(ctx, "--dataset_name=base")).returncode == 0
+    before = snapshot(tmp_path)
+    proc = run_main("tinystories.py", PRE(ctx, "--dataset_name=base", "--filtering=features=Twist",
+                                          *(["--force"] if kind != "exists" else [])))
+    if kind == "force-moves-aside":
+        assert proc.returncode == 0, proc.stderr
+        aside = [n for n in os.listdir(P(cache, "tok8192")) if n.startswith("base.previous-")]
+        assert len(aside) == 1 and "moved the previous base" in proc.stdout
+        moved = {p.replace(folder, P(cache, "tok8192", aside[0]), 1): h for p, h in before.items() if p.startswith(folder)}
+        assert {p: h for p, h in snapshot(tmp_path).items() if p in moved} == moved  # the old dataset, byte for byte
+        assert json.load(open(P(folder, "manifest.json")))["options"]["filtering"] == "features=Twist"
+        return
+    assert_error(proc, 2, *{"exists": ("already exists", "--force"), "foreign": ("mine.txt", "never replaced"),
+                            "run": ("training run", "never replaced")}[kind])
+    assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
+
+
+@pytest.mark.parametrize("case", ["force-replaces-same-kind", "force-moves-hf-folder-aside"])
+def test_force_replaces_an_output_of_the_same_kind(case, world, tmp_path):
+    """With --force an earlier output of the same kind is replaced (a file atomically, a folder
+    moved aside), and nothing else changes."""
+    if case == "force-replaces-same-kind":
+        out = P(str(tmp_path), "m.json")
+        write(out, '{"old": 1}\n')
+        proc = run_main("evaluation/eval_wikitext.py", EV(SimpleNamespace(w=world), f"--data={WIKITEXT}", "--max_rows=3",
+                                                          f"--out={out}", "--force"))
+        assert proc.returncode == 0, proc.stderr
+        assert json.load(open(out))["tokens"] > 0
+        return
+    out = P(str(tmp_path), "hf")
+    assert run_main("export.py", [out, "--version=-1", f"--checkpoint={world.ckpt}"]).returncode == 0
+    before = snapshot(out)
+    proc = run_main("export.py", [out, "--version=-1", f"--checkpoint={world.ckpt}", "--force"])
+    assert proc.returncode == 0, proc.stderr
+    aside = [n for n in os.listdir(tmp_path) if n.startswith("hf.previous-")]
+    assert len(aside) == 1
+    assert {p.replace(out, P(str(tmp_path), aside[0]), 1): h for p, h in before.items()} == snapshot(P(str(tmp_path), aside[0]))
+
+
+def test_grow_force_replaces_its_own_earlier_output_only(world, tmp_path):
+    """grow.py --force may replace the checkpoint an earlier grow.py wrote, never a training run's."""
+    out = P(str(tmp_path), "grown")
+    assert run_main("grow.py", GROW(SimpleNamespace(t=str(tmp_path), w=world), "--doubling=layers", out=out)).returncode == 0
+    assert_error(run_main("grow.py", GROW(SimpleNamespace(t=str(tmp_path), w=world), "--doubling=layers", out=out)), 2,
+                 "already exists", "--force")
+    proc = run_main("grow.py", GROW(SimpleNamespace(t=str(tmp_path), w=world), "--doubling=layers", "--force", out=out))
+    assert proc.returncode == 0, proc.stderr
+    # once a run continued it (metrics.jsonl beside it), it is that run's checkpoint
+    write(P(out, "metrics.jsonl"), '{"iter": 2}\n')
+    assert_error(run_main("grow.py", GROW(SimpleNamespace(t=str(tmp_path), w=world), "--doubling=layers", "--force",
+                                          out=out)), 2, "training checkpoint", "never replaced")
+
+
+SNIFFED = [(b"\x89PNG\r\n\x1a\n....", "x.png", {"png"}), (b'{"a": 1}\n', "x.json", {"json", "jsonl"}),
+           (b'{\n "a": 1\n}\n', "x.json", {"json"}), (b'{"a": 1}\n{"a": 2}\n', "x.jsonl", {"jsonl"}),
+           (b"lr = 1\n", "x.py", {"python"}), (b"hello\n", "x.txt", {"text"}), (b"\x00\x01\xff", "x.bin", {"binary"}),
+           (b"", "x.json", {"empty"}), (b"PK\x03\x04junk", "x.zip", {"zip"})]
+
+
+@pytest.mark.parametrize("data,name,tags", SNIFFED, ids=[f"{n}-{'-'.join(sorted(t))}" for _, n, t in SNIFFED])
+def test_sniff_tells_a_files_kind_by_its_content(data, name, tags, tmp_path):
+    from tinylab.outputs import sniff
+    write(P(str(tmp_path), name), data)
+    assert sniff(P(str(tmp_path), name)) == tags
+
+
+def test_sniff_knows_a_torch_checkpoint_whatever_its_name(tmp_path):
+    from tinylab.outputs import guard_file, sniff
+    path = training_ckpt(P(str(tmp_path), "renamed.json"))
+    assert sniff(path) == {"torch"}
+    with pytest.raises(Exception, match="training checkpoint"):
+        guard_file(path, "json", force=True)

@@ -175,10 +175,11 @@ def test_bad_input(ckpts, tmp_path):
     assert_one_line_error(run_main(CLI, [a, b, "--dataset=no-such-set"] + base), "no-such-set")
     # an existing output without --force: refused before any work, nothing else written
     out, png = tmp_path / "old.json", tmp_path / "new.png"
-    out.write_text("keep me\n")
+    out.write_text('{"keep": "me"}\n')
     before = sorted(os.listdir(tmp_path))
     assert_one_line_error(run_main(CLI, [a, b, f"--out={out}", f"--plot={png}"] + base), "--out", "--force")
-    assert_one_line_error(run_main(CLI, [a, b, f"--plot={out}"] + base), "--plot", "--force")
+    # a PNG over a JSON file: another kind, never replaced, not even with --force
+    assert_one_line_error(run_main(CLI, [a, b, f"--plot={out}", "--force"] + base), "--plot", "JSON", "never replaced")
     assert_one_line_error(run_main(CLI, [a, b, f"--out={png}", f"--plot={png}", "--force"] + base), "same file")
     assert_one_line_error(run_main(CLI, [a, other, f"--out={png}"] + base), "different shapes")
-    assert sorted(os.listdir(tmp_path)) == before and out.read_text() == "keep me\n"
+    assert sorted(os.listdir(tmp_path)) == before and out.read_text() == '{"keep": "me"}\n'

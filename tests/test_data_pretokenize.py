@@ -122,16 +122,24 @@ def test_byte_identical_across_workers_and_seed_matters(tiny_corpus, tmp_path):
     assert all(outs["s1"][f] != outs["w1"][f] for f in ("data00.bin", "data01.bin", "data02.bin"))
 
 
-def test_rerun_replaces_dataset_atomically(tiny_corpus, tmp_path):
+def test_rerun_needs_force_and_moves_the_old_dataset_aside(tiny_corpus, tmp_path):
     cache = str(tmp_path)
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))
     shutil.copy(tiny_corpus.tokenizer_model, cache)
     folder = os.path.join(cache, "tok8192", "d")
+
+    def contents(root):
+        return {f: open(os.path.join(root, f), "rb").read() for f in os.listdir(root)}
     tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="d", workers=1)
-    first = open(os.path.join(folder, "data01.bin"), "rb").read()
-    tinystories.pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1)
-    assert open(os.path.join(folder, "data01.bin"), "rb").read() != first
-    assert os.listdir(os.path.join(cache, "tok8192")) == ["d"]
+    first = contents(folder)
+    with pytest.raises(UserError, match="already exists .*--force"):
+        tinystories.pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1)
+    assert contents(folder) == first
+    tinystories.pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1, force=True)
+    assert contents(folder) != first
+    names = sorted(os.listdir(os.path.join(cache, "tok8192")))
+    assert names[0] == "d" and len(names) == 2 and names[1].startswith("d.previous-")
+    assert contents(os.path.join(cache, "tok8192", names[1])) == first  # the old dataset, intact
 
 
 def test_failure_midway_leaves_nothing(tmp_path):

@@ -94,9 +94,23 @@ def test_synthesize_cli_and_overwrite_rules(tmp_path):
     raw = os.path.join(cache, "TinyStories_all_data")
     assert sorted(os.listdir(raw)) == [".synthesized", "data00.json", "data01.json"]
     assert json.load(open(os.path.join(raw, "data01.json"))) == generate_shard(4, 1, 30)
-    # a synthesized folder may be replaced, a foreign one is refused
-    tinystories.synthesize(cache, num_shards=1, stories_per_shard=5, seed=0)
+    # the same corpus again: nothing to do; another one only with --force, the old one moved aside
+    before = {n: open(os.path.join(raw, n), "rb").read() for n in os.listdir(raw)}
+    proc = run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}", "--num_shards=2",
+                                       "--stories_per_shard=30", "--seed=4"])
+    assert proc.returncode == 0 and "nothing to do" in proc.stdout, proc.stderr
+    assert_one_line_error(run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}", "--num_shards=1"]),
+                          "already exists", "--force")
+    assert {n: open(os.path.join(raw, n), "rb").read() for n in os.listdir(raw)} == before
+    proc = run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}", "--num_shards=1",
+                                       "--stories_per_shard=5", "--force"])
+    assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(raw)) == [".synthesized", "data00.json"]
+    aside = [n for n in os.listdir(cache) if n.startswith("TinyStories_all_data.previous-")]
+    assert len(aside) == 1
+    assert {n: open(os.path.join(cache, aside[0], n), "rb").read() for n in os.listdir(os.path.join(cache, aside[0]))} \
+        == before
+    # a folder synthesize did not make is refused, with or without --force
     os.remove(os.path.join(raw, ".synthesized"))
     proc = run_main("tinystories.py", ["synthesize", f"--data_cache_dir={cache}"])
     assert_one_line_error(proc, "was not made by synthesize")

@@ -15,6 +15,8 @@ plus what exact resume and growth need:
     loader              the training data loader's position (data.BatchLoader.state_dict())
     scaler              GradScaler state (fp16) or None
     wandb_run_id        the wandb run this run logs to (or None): resume_train continues it
+    written_by          "grow.py" on a grown checkpoint (absent on a run's own): the output guard
+                        (outputs.py) lets a later grow.py --force replace it, never a run's checkpoint
 Only plain Python values and tensors are stored, so files load with torch.load(weights_only=True).
 
 The original study's checkpoints (RobertKirk/tinystories-wrappers' train.py) have llama2.c's six

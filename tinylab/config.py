@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from tinylab.errors import UserError
+from tinylab.outputs import KINDS, declared_inputs, force_of, guard_outputs, guard_parsed, tagged_actions
 
 TYPES = (bool, int, float, str, list, dict)
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|-?[0-9.e+-]+)\s*,\s*(-?inf|-?[0-9.e+-]+)\s*([\])])$")
@@ -56,6 +57,12 @@ class Key:
     # drivers only, for another program's spelling (Megatron's): 0 = `--flag` alone means True,
     # 1 = `--flag VALUE`, "+" = `--flag V1 V2 ...` (a list key: the values up to the next -option)
     nargs: Optional[object] = None
+    # what the command writes or reads through this key (outputs.py, the one output guard):
+    # `output` names a kind in outputs.KINDS; `output_path=False` when the value names the output
+    # but the tool derives its path (and guards it itself); `input=True` for a path the command reads
+    output: Optional[str] = None
+    output_path: bool = True
+    input: bool = False
 
     def __post_init__(self):
         t = self.type or type(self.default)
@@ -64,6 +71,8 @@ class Key:
         object.__setattr__(self, "type", t)
         if self.range is not None:
             _parse_interval(self.range)  # a typo in a declaration fails at import
+        if self.output is not None and self.output not in KINDS:
+            raise ValueError(f"key {self.name}: unknown output kind {self.output!r} (outputs.KINDS)")
 
     def replace(self, **changes) -> "Key":
         return dataclasses.replace(self, **changes)
@@ -159,9 +168,11 @@ class Schema:
     """The keys of one program, in sections, with its cross-key rules.
 
     `rules` are functions rule(cfg) that raise a UserError; `prepare(cfg)` (optional) runs between
-    parsing and validation and returns the config to validate (optimizer presets fill keys)."""
+    parsing and validation and returns the config to validate (optimizer presets fill keys).
+    `force_key`: the key that lets an existing output be replaced (outputs.py); by default
+    `force`, else `overwrite`, when the schema has one."""
 
-    def __init__(self, prog: str, sections, rules=(), prepare=None):
+    def __init__(self, prog: str, sections, rules=(), prepare=None, force_key=None):
         self.prog, self.sections, self.rules, self.prepare = prog, [(t, list(ks)) for t, ks in sections], list(rules), prepare
         self.keys, self.aliases = {}, {}
         for _, keys in self.sections:
@@ -171,6 +182,7 @@ class Schema:
                 self.keys[k.name] = k
                 for a in k.aliases:
                     self.aliases[a] = k.name
+        self.force_key = force_key or next((k for k in ("force", "overwrite") if k in self.keys), None)
 
     @classmethod
     def from_defaults(cls, prog: str, defaults: dict) -> "Schema":
@@ -192,7 +204,8 @@ class Schema:
             if ks:
                 out.append((title, ks))
         return Schema(prog, out + list(sections), self.rules if rules is None else rules,
-                      self.prepare if prepare is None else prepare)
+                      self.prepare if prepare is None else prepare, self.force_key if self.force_key in
+                      {k.name for _, ks in out + list(sections) for k in ks} else None)
 
     def defaults(self) -> dict:
         return {name: (list(k.default) if isinstance(k.default, list) else k.default) for name, k in self.keys.items()}
@@ -252,7 +265,9 @@ class Schema:
         expand_templates(cfg)
         if self.prepare is not None:
             cfg = self.prepare(cfg)
-        return self.validate(cfg, sources)
+        self.validate(cfg, sources)
+        guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
+        return cfg
 
     def _apply_file(self, cfg, sources, path):
         if not os.path.isfile(path):
@@ -293,21 +308,25 @@ class Schema:
         """An ArgParser with one --flag per key, converted and range-checked by the Key (bool
         keys are flags: --force, --force=True/False, --no-force; list keys may be repeated)."""
         p = ArgParser(prog=self.prog, description=description, allow_abbrev=False)
+        p.schema = self  # the schema it was made from (tests/test_bad_input.py walks every tool's parsers)
         for title, keys in self.sections:
             group = p.add_argument_group(title)
             for k in keys:
                 names = [f"--{k.name}"] + [f"--{a}" for a in k.aliases]
                 convert = _ArgConverter(k)
                 if k.type is bool:
-                    group.add_argument(*names, dest=k.name, nargs="?", const=True, default=k.default, type=convert,
-                                       help=f"{k.help} ({k.describe()})")
+                    action = group.add_argument(*names, dest=k.name, nargs="?", const=True, default=k.default,
+                                                type=convert, help=f"{k.help} ({k.describe()})")
                     group.add_argument(f"--no-{k.name}", dest=k.name, action="store_false", help=argparse.SUPPRESS)
                 elif k.type is list:  # repeatable: --data=a --data=b (or --data=a,b)
-                    group.add_argument(*names, dest=k.name, action="extend", default=list(k.default), type=convert,
-                                       metavar="VALUE", help=f"{k.help} ({k.describe()})")
+                    action = group.add_argument(*names, dest=k.name, action="extend", default=list(k.default),
+                                                type=convert, metavar="VALUE", help=f"{k.help} ({k.describe()})")
                 else:
-                    group.add_argument(*names, dest=k.name, default=None if k.required else k.default, type=convert,
-                                       required=k.required, metavar=k.type.__name__.upper(), help=f"{k.help} ({k.describe()})")
+                    action = group.add_argument(*names, dest=k.name, default=None if k.required else k.default,
+                                                type=convert, required=k.required, metavar=k.type.__name__.upper(),
+                                                help=f"{k.help} ({k.describe()})")
+                # what it reads or writes, for outputs.py's guard (done by parse_args from the Key)
+                action.key, action.io, action.kind = k, "output" if k.output else "input" if k.input else None, k.output
         return p
 
     def parse_args(self, argv=None, parser=None) -> argparse.Namespace:
@@ -321,6 +340,10 @@ class Schema:
             raise UserError(f"--{missing[0]} is required (see python {self.prog} --help)")
         sources = {n: f"--{n}" for n in self.keys}
         self.validate(cfg, sources)
+        # the outputs it names, before anything is read or written (outputs.py)
+        positional_inputs = [getattr(ns, a.dest) for a in tagged_actions(parser, "input")]
+        guard_outputs(self, cfg, positional_inputs)
+        guard_parsed(parser, ns, *force_of(self, cfg), self.prog, declared_inputs(self, cfg))
         return ns
 
 
@@ -352,7 +375,23 @@ class _ArgConverter:
 
 class ArgParser(argparse.ArgumentParser):
     """argparse, but a bad flag is the project's one-line error (exit 2), not usage + message;
-    a mistyped flag gets the closest real one suggested, as the drivers' keys do."""
+    a mistyped flag gets the closest real one suggested, as the drivers' keys do.
+
+    `add_input` / `add_output` add a positional argument that names what the command reads or
+    writes (outputs.py): Schema.parse_args protects the inputs and guards an output of a fixed
+    `kind`; kind=None marks an output whose kind depends on the mode, which the tool guards."""
+
+    def add_input(self, *args, **kwargs):
+        action = self.add_argument(*args, **kwargs)
+        action.io, action.kind = "input", None
+        return action
+
+    def add_output(self, *args, kind=None, **kwargs):
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"unknown output kind {kind!r} (outputs.KINDS)")
+        action = self.add_argument(*args, **kwargs)
+        action.io, action.kind = "output", kind
+        return action
 
     def error(self, message):
         prefix = "unrecognized arguments: "

@@ -13,9 +13,8 @@ import torch
 from tinylab import hub
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, first_line
-from tinylab.fileio import read_text, write_atomic
+from tinylab.fileio import atomic_file, read_text, write_atomic  # noqa: F401  write_atomic: feature_judge
 from tinylab.interop import imported_checkpoint, read_hf
-from tinylab.rundir import check_output_file
 from tinylab.tokenizer import Tokenizer, tokenizer_for_checkpoint
 
 
@@ -39,11 +38,8 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
 
 
 def load_for_args(a):
-    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's);
-    first, before any work, the output files asked for must be writable (replaced if they exist)."""
-    for flag in ("out", "generations_out"):
-        if getattr(a, flag, ""):
-            check_output_file(getattr(a, flag), force=True, what=f"--{flag}")
+    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's; their
+    --out files were checked by the output guard when the flags were parsed)."""
     model, ckpt = load_model(a.checkpoint, a.device, a.dtype)
     return model, ckpt, model_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)
 
@@ -81,11 +77,12 @@ def right_pad(seqs, value=0) -> torch.Tensor:
 
 
 def emit(metrics: dict, out: str = ""):
-    """Print the metrics as the last stdout line; also write them to `out` (atomically)."""
+    """Print the metrics as the last stdout line; also write them to `out` (atomically; the output
+    guard checked it before any work)."""
     line = json.dumps(metrics)
     if out:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        write_atomic(out, (line + "\n").encode())
+        with atomic_file(out, parents=True) as f:
+            f.write((line + "\n").encode())
     print(line, flush=True)
 
 

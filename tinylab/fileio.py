@@ -9,6 +9,7 @@ import shutil
 import tempfile
 
 from tinylab.errors import UserError
+from tinylab.outputs import move_aside
 
 
 def read_text(path: str, what: str = "file") -> str:
@@ -93,9 +94,10 @@ def write_atomic(path: str, data: bytes):
 
 @contextlib.contextmanager
 def building_dir(final: str):
-    """Yield a hidden temp folder beside `final`; when the block succeeds it becomes `final`
-    (replacing an older one), otherwise it is deleted, together with any parent folders this
-    created, so a failed command leaves nothing behind."""
+    """Yield a hidden temp folder beside `final`; when the block succeeds it becomes `final` (an
+    older one, which the output guard let through with --force, is moved aside to
+    `<final>.previous-<time>`, never deleted), otherwise it is deleted, together with any parent
+    folders this created, so a failed command leaves nothing behind."""
     parent = os.path.dirname(os.path.abspath(final))
     created = []
     p = parent
@@ -113,15 +115,10 @@ def building_dir(final: str):
     try:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; give what makedirs would
         yield tmp
-        if os.path.exists(final):
-            # two renames: the old folder is moved aside first, the window without a complete
-            # dataset is two system calls long, and never shows a partial one
-            old = tempfile.mkdtemp(prefix=f".old-{os.path.basename(final)}-", dir=parent)
-            os.rename(final, os.path.join(old, "x"))
-            os.rename(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
+        # two renames: the old folder is moved aside first, the window without a complete
+        # folder is two system calls long, and never shows a partial one
+        move_aside(final)
+        os.rename(tmp, final)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         for d in created:

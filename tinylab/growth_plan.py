@@ -44,7 +44,7 @@ from tinylab.growth import (
     meta_model,
 )
 from tinylab.metrics import read_metrics
-from tinylab.rundir import check_output_file
+from tinylab.outputs import guard_file
 
 MIN_POINTS = 4            # per run: E, S_c, alpha_S of a one-size fit, plus one point to judge the fit
 ROUGH_FIT = 0.02          # RMSE in log loss above which a run's fit is reported as rough
@@ -848,7 +848,9 @@ def plan_main(a):
     opts = plan_options(a)
     runs = [read_run(p) for p in a.runs]
     check_comparable(runs)
-    out_path = check_output_file(a.plan_out or os.path.join(a.runs[0], "growth_plan.json"), a.force, "growth plan")
+    # --plan_out was guarded when the flags were parsed; the default lands in a run folder the user owns
+    out_path = a.plan_out or guard_file(os.path.join(a.runs[0], "growth_plan.json"), "json", a.force, a.runs,
+                                        "growth plan", tool="grow.py")
     fit = fit_runs(runs, alpha_N=a.alpha_N)
     plan = make_plan(runs, fit, opts)
     text = format_plan(plan)

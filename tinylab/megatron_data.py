@@ -214,13 +214,11 @@ def open_pair(prefix, vocab_size=None, what=None):
     return tuple(halves)
 
 
-def check_outputs(prefix, overwrite):
-    """Before any work: the four files of `prefix` may be written (existing ones only with overwrite)."""
+def check_outputs(prefix):
+    """Before any work: `prefix` names files in an existing folder (whether its four files may be
+    replaced is the output guard's rule, outputs.guard_prefix, checked when the flags were parsed)."""
     if not prefix or prefix.endswith(("/", os.sep)):
         raise UserError(f"--output_prefix={prefix!r} must name a file prefix (e.g. data/rte), not a folder")
-    existing = [p for p in pair_files(prefix) if os.path.lexists(p)]
-    if existing and not overwrite:
-        raise UserError(f"{', '.join(existing)} already exist(s); pass --overwrite=True to replace, or another --output_prefix")
     parent = os.path.dirname(os.path.abspath(prefix))
     if not os.path.isdir(parent):
         raise UserError(f"--output_prefix={prefix}: folder {parent} does not exist")

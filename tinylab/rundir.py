@@ -5,11 +5,8 @@ process on the same folder stops at once, naming the holder's pid), checked befo
 starts in it (a folder that holds a run is refused unless the user passes --overwrite=True, and
 then the old run is moved aside to `<out_dir>.previous-<time>`, never deleted), and its
 config.json is written atomically, after validation. A folder this module created for a command
-that then failed is removed again, so bad input leaves nothing behind.
-
-The tools' single outputs (a grown checkpoint, an export, the T0 demo data) are checked by
-`check_output_file` / `check_output_dir` before any work: an existing output is replaced only
-with --force, and a training checkpoint is never replaced by an import.
+that then failed is removed again, so bad input leaves nothing behind. (The tools' other outputs
+are outputs.py's.)
 """
 import contextlib
 import errno
@@ -20,31 +17,13 @@ import time
 
 from tinylab.errors import UserError
 from tinylab.fileio import write_atomic
+from tinylab.outputs import RUN_FILES, check_creatable
 
 LOCK_NAME = ".lock"
-RUN_FILES = ("ckpt.pt", "metrics.jsonl")  # a folder holding one of these holds a run
 
 
 def _reason(e: OSError) -> str:
     return os.strerror(e.errno).lower() if e.errno else str(e)
-
-
-def _nearest_existing(path):
-    p = os.path.abspath(path)
-    while not os.path.lexists(p):
-        p = os.path.dirname(p)
-    return p
-
-
-def _check_creatable(path, what, shown=None):
-    """The nearest existing folder on the way to `path` must be a writable folder (the message
-    names `shown`, the output itself, when `path` is the folder it goes into)."""
-    existing = _nearest_existing(path)
-    shown = shown or path
-    if not os.path.isdir(existing):
-        raise UserError(f"{what} {shown}: {existing} exists and is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {shown}: {existing} is not writable")
 
 
 class RunDir:
@@ -74,7 +53,7 @@ class RunDir:
         path = self.path
         if os.path.lexists(path) and not os.path.isdir(path):
             raise UserError(f"{self.what} {path} exists and is not a folder")
-        _check_creatable(path, self.what)
+        check_creatable(path, self.what)
         p = os.path.abspath(path)
         while not os.path.isdir(p):
             self.created.append(p)
@@ -158,35 +137,3 @@ class RunDir:
         if not self.enabled:
             return
         write_atomic(os.path.join(self.path, name), (json.dumps(obj, indent=1) + "\n").encode())
-
-
-# ---------------------------------------------------------------------- single outputs of the tools
-
-def check_output_file(path: str, force: bool, what="output", protect=None):
-    """Before any work: `path` can be written; an existing file is replaced only with `force`;
-    `protect(path)` may return why it must not be replaced at all."""
-    if not path:
-        raise UserError(f"the {what} path is empty")
-    if os.path.isdir(path):
-        raise UserError(f"{what} {path} is a folder")
-    if os.path.lexists(path):
-        reason = protect(path) if protect else None
-        if reason:
-            raise UserError(f"{what} {path} {reason}; write to another path")
-        if not force:
-            raise UserError(f"{what} {path} already exists (use --force to replace it)")
-    _check_creatable(os.path.dirname(os.path.abspath(path)), what, shown=path)
-    return path
-
-
-def check_output_dir(path: str, force: bool, what="output folder", flag="--force"):
-    """Before any work: a folder output may be written at `path`; an existing non-empty folder is
-    replaced only with `force` (the writer replaces it atomically)."""
-    if not path:
-        raise UserError(f"the {what} path is empty")
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise UserError(f"{what} {path} exists and is not a folder")
-    if os.path.isdir(path) and os.listdir(path) and not force:
-        raise UserError(f"{what} {path} already exists and is not empty (use {flag} to replace it)")
-    _check_creatable(path, what)
-    return path

@@ -36,12 +36,13 @@ COUNT, NONNEG, POSITIVE, FRACTION = "[1, inf)", "[0, inf)", "(0, inf)", "[0, 1)"
 # ---------------------------------------------------------------------- keys shared by the drivers
 
 OUT_DIR = Key("out_dir", "out", "run folder: ckpt.pt, config.json, metrics.jsonl ({key} placeholders are filled "
-              "from the config, e.g. out/{dataset_name}_lr{learning_rate})", nonempty=True)
-MODEL_DIR = Key("model_dir", "", "resume_model: fine-tune from model_dir/ckpt.pt (or a .pt path)")
+              "from the config, e.g. out/{dataset_name}_lr{learning_rate})", nonempty=True, output="run")
+MODEL_DIR = Key("model_dir", "", "resume_model: fine-tune from model_dir/ckpt.pt (or a .pt path)", input=True)
 INIT = Key("init_from", "scratch", "scratch | resume_train (continue the run in out_dir) | resume_model "
            "(weights of model_dir, fresh optimizer, iteration 0)", choices=INIT_FROM)
 RESUME_CKPT = Key("resume_ckpt", "", "init_from=resume_train: continue this checkpoint file instead of "
-                  "out_dir/ckpt.pt (e.g. grow.py's <ckpt>.doubled_weights); the run then starts a new out_dir")
+                  "out_dir/ckpt.pt (e.g. grow.py's <ckpt>.doubled_weights); the run then starts a new out_dir",
+                  input=True)
 OVERWRITE = Key("overwrite", False, "a new run (scratch, resume_model) into an out_dir that holds a run: move "
                 "the old run aside to <out_dir>.previous-<time> instead of refusing")
 SEED = Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range=NONNEG)
@@ -77,7 +78,7 @@ WANDB = [
 
 BATCH_SIZE = Key("batch_size", 128, "micro-batch size (sequences per forward pass)", range=COUNT)
 MAX_SEQ_LEN = Key("max_seq_len", 256, "context length in tokens", range=COUNT)
-TOKENIZER_MODEL = Key("tokenizer_model", "", "sentencepiece .model to use instead of the default one")
+TOKENIZER_MODEL = Key("tokenizer_model", "", "sentencepiece .model to use instead of the default one", input=True)
 DATA_CACHE_DIR = Key("data_cache_dir", "data", "where raw shards, tokenizers and pretokenized datasets live",
                      nonempty=True)
 
@@ -314,8 +315,9 @@ TRAIN = Schema("train.py", [
 
 T0_DATA = [
     Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
-        "(docs/t0.md)"),
-    Key("make_demo_data", "", "write the built-in multitask set to this folder and exit"),
+        "(docs/t0.md)", input=True),
+    Key("make_demo_data", "", "write the built-in multitask set to this folder and exit (an existing one is moved "
+        "aside only with --overwrite=True)", output="demo_data"),
     Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
         choices=MIXINGS),
     TOKENIZER_MODEL.replace(help="'' = the tokenizer named by the base checkpoint's config"),
@@ -336,7 +338,7 @@ T0_DATA = [
     BATCH_SIZE.replace(default=16, help="packed rows per micro-batch"),
     MAX_SEQ_LEN.replace(default=0, range=NONNEG, help="row length L (rows hold L + 1 tokens); 0 = the base model's"),
     Key("pretrain_text", "", "a pretokenized dataset folder whose test shard's LM loss is logged as "
-        "loss/valid/pretrain_text (forgetting; not in loss/valid)"),
+        "loss/valid/pretrain_text (forgetting; not in loss/valid)", input=True),
 ]
 T0_LOSS = [
     Key("prefixlm", False, "input tokens of an example attend to each other both ways"),
@@ -382,10 +384,10 @@ def _megatron_split_keys():
 T0_MEGATRON = _megatron_split_keys() + [
     Key("preprocess", False, "write --input's inputs/targets as a Megatron indexed prefix --output_prefix and exit "
         "(tools/preprocess_data.py's files, with this run's tokenizer and tokenisation keys)", nargs=0),
-    Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1),
+    Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1, input=True),
     Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
         "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
-        aliases=("output-prefix",)),
+        aliases=("output-prefix",), output="megatron_prefix"),
 ]
 
 
@@ -458,7 +460,7 @@ FINETUNE_T0 = TRAIN.derive(
 # ---------------------------------------------------------------------- the tools
 
 CHECKPOINT = Key("checkpoint", "out/ckpt.pt", "our checkpoint (ckpt.pt or its folder) or a Hugging Face Llama folder",
-                 nonempty=True)
+                 nonempty=True, input=True)
 TOOL_DATA_CACHE = DATA_CACHE_DIR.replace(default="", nonempty=False,
                                          help="where tokenizers and datasets live (default: the checkpoint's config)")
 
@@ -476,9 +478,10 @@ SAMPLE = Schema("sample.py", [
 GROW = Schema("grow.py", [
     ("growth", [
         Key("doubling", None, "weights (width x2) | layers (depth x2)", type=str, choices=("weights", "layers")),
-        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, nonempty=True),
+        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, nonempty=True, input=True),
         Key("out_dir", None, "folder for the grown ckpt.pt (default: <checkpoint>.doubled_weights / "
-            ".doubled_layer beside the input, the original's names)", type=str, nonempty=True),
+            ".doubled_layer beside the input, the original's names)", type=str, nonempty=True,
+            output="grown_checkpoint", output_path=False),
         GROW_MODE.replace(name="mode"),
         GROW_SB.replace(name="symmetry_breaking"),
         Key("sb_scale", 0.5, "symmetry_breaking=random: R ~ N(0, (sb_scale * RMS(W))^2)", range=NONNEG),
@@ -488,7 +491,7 @@ GROW = Schema("grow.py", [
         SEED.replace(default=0, help="seed of the symmetry-breaking noise"),
         GROW_C_WIDTH.replace(name="c_width"), GROW_C_DEPTH.replace(name="c_depth"),
         GROW_REWARMUP.replace(name="rewarmup_iters"),
-        Key("force", False, "overwrite an existing grown checkpoint"),
+        Key("force", False, "replace an existing grown checkpoint or plan (never a training run's checkpoint)"),
     ]),
     ("the staged-training repository's flags (docs/growth.md §6.5)", [
         Key("doubling_layers", None, "layers: alternate_id | append_id (function-preserving: the copies' output "
@@ -506,7 +509,7 @@ GROW = Schema("grow.py", [
     ]),
     ("plan (--plan): growth points from the runs' fitted scaling laws (docs/growth.md §7.1)", [
         Key("plan", False, "plan the compute-optimal growth stages from run logs instead of growing a checkpoint"),
-        Key("runs", [], "run folders with config.json + metrics.jsonl: --runs A B (or --runs=A,B)"),
+        Key("runs", [], "run folders with config.json + metrics.jsonl: --runs A B (or --runs=A,B)", input=True),
         Key("budget", None, "training FLOPs of the whole plan: recommend the lowest predicted final loss",
             type=float, range=POSITIVE),
         Key("target_loss", None, "instead: the least compute to this loss (with --budget as a cap)", type=float,
@@ -525,7 +528,8 @@ GROW = Schema("grow.py", [
             "the step where its fitted curve has the loss at growth", choices=("c", "loss")),
         Key("alpha_N", 0.076, "one model size in --runs: E(N) = (N_c/N)^alpha_N with this exponent (Kaplan et al.)",
             range=POSITIVE),
-        Key("plan_out", "", "the plan's JSON ('' = <first run>/growth_plan.json); replaced only with --force"),
+        Key("plan_out", "", "the plan's JSON ('' = <first run>/growth_plan.json); replaced only with --force",
+            output="json"),
     ]),
 ])
 
@@ -535,7 +539,9 @@ EVAL = Schema("evaluation", [
                TOOL_DATA_CACHE, DEVICE.replace(help="cpu, cuda, ... ('' = cuda when available)"),
                DTYPE.replace(default="float32", choices=DTYPES, help="precision of the model"),
                BATCH_SIZE.replace(default=8, help="sequences per forward pass"), SEED,
-               Key("out", "", "also write the metrics JSON to this file")]),
+               Key("out", "", "also write the metrics JSON to this file (an existing one only with --force)",
+                   output="json"),
+               Key("force", False, "replace an existing --out (never a checkpoint, a run's files or another kind)")]),
 ])
 
 
@@ -553,20 +559,20 @@ def check_compare(cfg):
 
 
 # evaluation/compare_checkpoints.py: its checkpoints are positional (two or more), not --checkpoint
-COMPARE = EVAL.derive("evaluation/compare_checkpoints.py", drop=["checkpoint"], rules=[check_compare], keys=[
+COMPARE = EVAL.derive("evaluation/compare_checkpoints.py", drop=["checkpoint", "force"], rules=[check_compare], keys=[
     EVAL.keys["out"].replace(help="also write the JSON to this file (an existing one only with --force)")],
     sections=[("comparison", [
         Key("dataset", "", "pretokenized dataset (in the first checkpoint's data cache) whose test examples are the "
             "prompts; '' = the dataset the first checkpoint was trained on"),
         Key("prompts", "", "instead of --dataset: a prompt file (plain text: one per line; .jsonl: a 'text' field "
-            "or a JSON string per line)"),
+            "or a JSON string per line)", input=True),
         Key("num_prompts", 64, "prompts: a seeded choice of test examples of --dataset, or the first N of --prompts",
             range=COUNT),
         Key("story_only", False, "--dataset: BOS + the story (the probes' inputs) instead of the whole example"),
         Key("pairs", [], "pairs to compare as A:B positions (0 = the first checkpoint), e.g. 0:1,1:2; [] = each "
             "consecutive pair and each checkpoint against the first", check=_check_pairs),
         Key("labels", [], "names of the checkpoints in the outputs, one each; [] = their run folders' names"),
-        Key("plot", "", "also draw the heat maps to this PNG (an existing one only with --force)"),
+        Key("plot", "", "also draw the heat maps to this PNG (an existing one only with --force)", output="png"),
         Key("force", False, "replace an existing --out / --plot"),
     ])])
 

@@ -35,10 +35,10 @@ DEFAULT_MODEL_NAME = "gpt2"  # the original's --model-name default
 
 MODEL_NAME = Key("model_name", "", "a Hugging Face causal LM, hub name or local folder, evaluated through transformers "
                  "with its own tokenizer ('' = gpt2, the original's default, unless --checkpoint-file is ours)",
-                 aliases=("model-name",))
+                 aliases=("model-name",), input=True)
 CHECKPOINT_FILE = Key("checkpoint_file", "", "our checkpoint (ckpt.pt or its folder; an HF Llama folder too), or a "
                       "staged-training Lightning GPT-2 checkpoint (built from --model-name's config and tokenizer)",
-                      aliases=("checkpoint-file",))
+                      aliases=("checkpoint-file",), input=True)
 SKIP_LOADING_WEIGHTS = Key("skip_loading_weights", False, "leave the model's weights at their random initialisation "
                            "(the architecture's baseline; seeded by --seed)", aliases=("skip-loading-weights",))
 BOS_ID = Key("bos_id", -1, "token-file blocks: the BOS id; -1 = the run's staged_training.json or the tokenizer's",

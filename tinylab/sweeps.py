@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tinylab.config import Schema
 from tinylab.errors import UserError
 from tinylab.fileio import read_text
+from tinylab.outputs import guard_folder
 from tinylab.schema import DRIVERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tinylab/..
@@ -371,6 +372,8 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     stem = os.path.splitext(os.path.basename(sweep_path))[0]
     sweep_dir = os.path.join(workdir, out_dir or os.path.join("out", "sweeps", stem))
     sweep_dir = os.path.abspath(sweep_dir)
+    # a new folder, or this sweep's own (continued); never a run folder or someone else's (outputs.py)
+    guard_folder(sweep_dir, "sweep", inputs=[sweep_path], flag="--out_dir")
     command = sweep.get("command", DEFAULT_COMMAND)
     metric = sweep.get("metric") or {}
     runs = [{"run": f"run-{i:03d}", "params": values,

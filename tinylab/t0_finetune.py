@@ -266,7 +266,7 @@ def preprocess(cfg):
     PFX_inputs_document.{bin,idx} and PFX_targets_document.{bin,idx} (tools/preprocess_data.py's
     files, one item per example). Existing files only with --overwrite=True; written atomically."""
     prefix, path = cfg["output_prefix"], cfg["input"]
-    megatron_data.check_outputs(prefix, cfg["overwrite"])
+    megatron_data.check_outputs(prefix)
     if not os.path.isfile(path):
         raise UserError(f"--input file {path} not found")
     if cfg["tokenizer_model"] and not cfg["model_dir"]:

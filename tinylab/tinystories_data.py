@@ -39,6 +39,7 @@ from tinylab.dataset_spec import (
 )
 from tinylab.errors import UserError
 from tinylab.fileio import atomic_file, building_dir, umask, write_atomic
+from tinylab.outputs import guard_file, guard_folder
 from tinylab.progress import progress
 from tinylab.synth_stories import FEATURE_PROBS, generate_shard
 from tinylab.tokenizer import Tokenizer, load_tokenizer
@@ -48,7 +49,7 @@ ARCHIVE_NAME = "TinyStories_all_data.tar.gz"
 FORMAT_VERSION = 1  # of the pretokenized dataset folder (manifest.json + dataNN.bin)
 MAX_VOCAB = 65536  # ids are stored as uint16
 ENCODE_CHUNK = 2048  # examples per sentencepiece call: bounded memory, negligible call overhead
-SYNTH_MARKER = ".synthesized"  # in a raw folder made by `synthesize`, so a re-run may replace it
+SYNTH_MARKER = ".synthesized"  # in a raw folder made by `synthesize` (outputs.KINDS["raw_corpus"])
 
 
 def default_workers() -> int:
@@ -203,28 +204,46 @@ def _synth_shard(task):
 
 
 def synthesize(data_cache_dir: str, num_shards: int = 10, stories_per_shard: int = 4000, seed: int = 0,
-               workers: int = 1):
-    """Write the built-in procedural corpus as raw shards in the TinyStories schema."""
+               workers: int = 1, force: bool = False):
+    """Write the built-in procedural corpus as raw shards in the TinyStories schema. The same
+    corpus already there is kept (nothing to do); another one is moved aside only with `force`."""
     if num_shards < 1 or stories_per_shard < 1:
         raise UserError("--num_shards and --stories_per_shard must be >= 1 (shard 0 is the test split, "
                         "so use at least 2 shards to have training data)")
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
     raw = raw_data_dir(data_cache_dir)
+    info = {"num_shards": num_shards, "stories_per_shard": stories_per_shard, "seed": seed,
+            "feature_probs": FEATURE_PROBS}
     if os.path.exists(raw) and not os.path.exists(os.path.join(raw, SYNTH_MARKER)):
         raise UserError(f"{raw} exists and was not made by synthesize (downloaded TinyStories?); "
                         f"use another --data_cache_dir or remove it first")
+    if _same_corpus(raw, info):
+        print(f"{raw} already holds this corpus ({num_shards} shards x {stories_per_shard} stories, seed {seed}); "
+              f"nothing to do")
+        return raw
+    guard_folder(raw, "raw_corpus", force, flag="raw corpus", force_flag="--force")
     t0 = time.time()
     with building_dir(raw) as tmp:
         tasks = [(i, seed, stories_per_shard, tmp) for i in range(num_shards)]
         with progress(total=num_shards * stories_per_shard, unit=" stories", desc="synthesize") as bar:
             for n in map_shards(_synth_shard, tasks, workers):
                 bar.update(n)
-        info = {"num_shards": num_shards, "stories_per_shard": stories_per_shard, "seed": seed,
-                "feature_probs": FEATURE_PROBS}
         write_atomic(os.path.join(tmp, SYNTH_MARKER), json.dumps(info, indent=2).encode())
     print(f"wrote {num_shards} shards x {stories_per_shard} stories to {raw} in {time.time() - t0:.1f}s")
     return raw
+
+
+def _same_corpus(raw: str, info: dict) -> bool:
+    """`raw` holds the complete corpus synthesize would write for `info`."""
+    try:
+        with open(os.path.join(raw, SYNTH_MARKER)) as f:
+            made = json.load(f)
+    except (OSError, ValueError):
+        return False
+    shards = [os.path.join(raw, f"data{i:02d}.json") for i in range(info["num_shards"])]
+    return made == json.loads(json.dumps(info)) and all(os.path.isfile(p) for p in shards) and \
+        len(glob.glob(os.path.join(raw, "*.json"))) == info["num_shards"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,11 +264,14 @@ def train_vocab(data_cache_dir: str, vocab_size: int, vocab_shards: int = 10, se
         raise UserError(f"--vocab_shards must be >= 1, got {vocab_shards}")
     shards = raw_shards(data_cache_dir)[:vocab_shards]
     prefix = os.path.join(data_cache_dir, f"tok{vocab_size}")
-    outputs = [prefix + ".model", prefix + ".vocab"] + ([os.path.join(data_cache_dir, "tiny.txt")] if keep_text else [])
-    existing = [p for p in outputs if os.path.lexists(p)]
+    outputs = [(prefix + ".model", "sentencepiece"), (prefix + ".vocab", "sentencepiece")] + \
+        ([(os.path.join(data_cache_dir, "tiny.txt"), "text")] if keep_text else [])
+    existing = [p for p, _ in outputs if os.path.lexists(p)]
     if existing and not force:
         raise UserError(f"{existing[0]} already exists (datasets made with it would no longer match a new one); "
                         f"use --force to replace it")
+    for path, kind in outputs:  # with --force: still never another kind of file, or a run's
+        guard_file(path, kind, force, flag="train_vocab output")
     try:
         tmp = tempfile.mkdtemp(prefix=".tmp_vocab_", dir=data_cache_dir)
     except OSError as e:  # named by the tokenizer asked for, not by a temp name that never existed
@@ -337,9 +359,10 @@ def pretokenize_command(data_cache_dir, vocab_size, options, dataset_name, seed,
 
 
 def pretokenize(data_cache_dir: str, vocab_size: int, spec, dataset_name: str = None, seed: int = 0,
-                workers: int = None, tokenizer_model: str = None) -> dict:
+                workers: int = None, tokenizer_model: str = None, force: bool = False) -> dict:
     """Build <cache>/tok{V}/<name>/ (one dataNN.bin per raw shard + manifest.json); returns the
-    manifest. The output is byte-identical for the same inputs and seed, whatever `workers`."""
+    manifest. The output is byte-identical for the same inputs and seed, whatever `workers`. An
+    existing dataset of that name is refused, or with `force` moved aside to <name>.previous-<time>."""
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
     workers = default_workers() if workers is None else workers
@@ -352,6 +375,7 @@ def pretokenize(data_cache_dir: str, vocab_size: int, spec, dataset_name: str = 
         raise UserError(f"tokenizer {tok.model_path} has {tok.vocab_size} pieces: ids >= {MAX_VOCAB} "
                         f"do not fit the uint16 .bin format")
     final = dataset_dir(data_cache_dir, vocab_size, name)
+    guard_folder(final, "dataset", force, [tokenizer_model], "dataset", "--force")
     print(f"dataset {name}" + (f" (spec {spec.name()})" if name != spec.name() else "") + f" -> {final}")
     t0 = time.time()
     results = [None] * len(shards)
