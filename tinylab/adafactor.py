@@ -26,7 +26,7 @@ Project additions, all off by default (so the defaults are HF's numbers):
     weights they accumulate. A parameter changed from outside is picked up element by element.
   - parameter groups may carry `lr_scale` (optim.py): with relative_step the relative step is
     multiplied by it (without relative_step the group's `lr` already includes it, via set_lr).
-    Other extra keys (`param_names`) are kept untouched.
+    Other extra keys (`param_names`, `role`) are kept untouched.
   - `step_sizes()`: the last effective step size alpha of every parameter, by name, for logging.
   - `load_state_dict` keeps the state in fp32 (torch's default casts it to the parameter dtype).
 

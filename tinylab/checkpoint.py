@@ -6,7 +6,7 @@ plus what exact resume and growth need:
     format_version      int, this module's FORMAT_VERSION
     optimizer_name      "adamw" | "adafactor"
     param_names         names of the optimizer's parameters in state-dict index order, so that
-                        optimizer state can be remapped by name (growth), never by position
+                        optimizer state is mapped by name (resume, growth), never by position
     param_overrides     {name: {"lr_scale", "eps", "weight_decay_scale", "clip_weight"}} per-parameter
                         optimizer settings (exact-mode growth, grow.py)
     lr_rewarmup         {"start": iter, "iters": n, "shift": k} or None: after target-mode growth the

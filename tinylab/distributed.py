@@ -152,16 +152,17 @@ def gather_optimizer_state(optimizer, info: DistInfo):
 
 
 def shard_optimizer_state(optimizer, state: dict) -> dict:
-    """A gathered optimizer state dict (gather_optimizer_state's, or a one-process run's) with each
-    parameter-shaped tensor cut like its (sharded) parameter, for optimizer.load_state_dict
-    (which would keep a plain full tensor as it is). Every rank holds the full state, so each
-    takes its own shard without communication."""
+    """A full optimizer state dict laid out for `optimizer` (optim.state_for of a checkpoint's,
+    written by gather_optimizer_state or a one-process run) with each parameter-shaped tensor cut
+    like its (sharded) parameter, for optimizer.load_state_dict (which would keep a plain full
+    tensor as it is). Every rank holds the full state, so each takes its own shard without
+    communication."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     params = [p for g in optimizer.param_groups for p in g["params"]]
     out = {}
     for i, s in state["state"].items():
-        p = params[int(i)] if int(i) < len(params) else None  # a mismatch is load_state_dict's to report
+        p = params[i]
         if isinstance(p, DTensor):
             s = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
                  if torch.is_tensor(v) and tuple(v.shape) == tuple(p.shape) else v for k, v in s.items()}

@@ -1,14 +1,16 @@
 """Optimizers, their presets and learning-rate schedules, shared by every driver.
 
 Every function here reads a whole config (schema.py's keys; callers that build one by hand start
-from `TRAIN.defaults()`). build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D parameters only, as llama2.c;
-fused on CUDA and CPU, foreach elsewhere) or Adafactor (adafactor.py). Parameter groups carry the
-parameter *names* (`group["param_names"]`), so checkpoints can map optimizer state by name
-(growth), and optional per-parameter overrides {name: {"lr_scale": s, "eps": e,
-"weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is
-the schedule: constant, or linear warmup + cosine to min_lr, optionally moved back after growth
-with a linear re-warmup from 0 (docs/growth.md §6.3). apply_optimizer_preset fills in the
-settings of a named recipe (T0's Adafactor, HF's T5 Adafactor, BLOOMZ's Adam).
+from `TRAIN.defaults()`). build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D
+parameters only, as llama2.c; fused on CUDA and CPU, foreach elsewhere) or Adafactor
+(adafactor.py). Parameter groups are defined by role (`group["role"]`: "decay" / "no_decay"),
+never by the decay's value, and carry the parameter *names* (`group["param_names"]`), so a
+checkpoint's optimizer state is mapped by name (state_for: resume_train, reset_progress; growth),
+and optional per-parameter overrides {name: {"lr_scale": s, "eps": e, "weight_decay_scale": w,
+"clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is the schedule: constant,
+or linear warmup + cosine to min_lr, optionally moved back after growth with a linear re-warmup
+from 0 (docs/growth.md §6.3). apply_optimizer_preset fills in the settings of a named recipe
+(T0's Adafactor, HF's T5 Adafactor, BLOOMZ's Adam).
 """
 import math
 import sys
@@ -21,16 +23,22 @@ from tinylab.errors import UserError
 OPTIMIZERS = ("adamw", "adafactor")
 
 def param_groups(model, weight_decay, overrides=None):
-    """Group parameters by (decay, lr_scale, eps); each group lists its parameter names."""
+    """Parameter groups by role: "decay" (tensors with >= 2 dims: matrices, embeddings; weight
+    decay `weight_decay` x the override's weight_decay_scale) and "no_decay" (1-D: norm gains;
+    weight decay 0), each split further by the per-parameter overrides that change an update
+    (lr_scale, eps, weight_decay_scale). The layout never depends on the decay's value, so a run
+    with another weight_decay has the same groups. Each group lists its parameter names."""
     overrides = overrides or {}
     groups = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         ov = overrides.get(name, {})
-        decay = weight_decay * ov.get("weight_decay_scale", 1.0) if p.dim() >= 2 else 0.0
-        key = (decay, ov.get("lr_scale", 1.0), ov.get("eps"))
-        g = groups.setdefault(key, {"params": [], "param_names": [], "weight_decay": decay,
+        role = "decay" if p.dim() >= 2 else "no_decay"
+        scale = ov.get("weight_decay_scale", 1.0) if role == "decay" else None
+        key = (role, ov.get("lr_scale", 1.0), ov.get("eps"), scale)
+        g = groups.setdefault(key, {"params": [], "param_names": [], "role": role,
+                                    "weight_decay": weight_decay * scale if role == "decay" else 0.0,
                                     "lr_scale": ov.get("lr_scale", 1.0)})
         if ov.get("eps") is not None:
             g["eps"] = ov["eps"]
@@ -58,6 +66,111 @@ def build_optimizer(model, cfg, overrides=None):
 def optimizer_param_names(optimizer):
     """Names of the optimizer's parameters in state-dict index order."""
     return [n for g in optimizer.param_groups for n in g["param_names"]]
+
+
+# ---------------------------------------------------------------------- optimizer state of a checkpoint
+
+# per-parameter state entries with a parameter-derived shape (AdamW's moments; Adafactor's moments,
+# factored second moments and fp32 master copy)
+PARAM_SHAPED_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master", "exp_avg_sq_row", "exp_avg_sq_col")
+
+
+def _state_shape(key, shape):
+    if key == "exp_avg_sq_row":
+        return shape[:-1]
+    if key == "exp_avg_sq_col":
+        return shape[:-2] + shape[-1:]
+    return shape
+
+
+def _unfit(detail):
+    return UserError(f"the checkpoint's optimizer state does not fit this model's parameters: {detail}; start with "
+                     f"a fresh optimizer instead (init_from=resume_model, without reset_progress)")
+
+
+def _saved_by_name(optimizer, saved, saved_names):
+    """{parameter name: (its saved per-parameter state, {} if none; the saved group it was in)} of
+    a checkpoint's optimizer state dict `saved`, whose parameters `saved_names` lists in
+    state-dict index order. Without names (llama2.c's checkpoints) the positions are taken as
+    this optimizer's, when its groups have the same sizes."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in saved["param_groups"])):
+        raise _unfit("it is not a torch optimizer state dict (a 'state' dict and a 'param_groups' list of groups "
+                     "with 'params')")
+    groups = saved["param_groups"]
+    if saved_names is None:
+        sizes, now = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
+        if sizes != now:
+            raise _unfit(f"no param_names, and its parameter groups have sizes {sizes}, this model's {now}")
+        saved_names = optimizer_param_names(optimizer)
+    if not (isinstance(saved_names, (list, tuple)) and all(isinstance(n, str) for n in saved_names)):
+        raise _unfit(f"param_names is a {type(saved_names).__name__}, not a list of parameter names")
+    twice = sorted(n for n in set(saved_names) if saved_names.count(n) > 1)
+    if twice:
+        raise _unfit(f"param_names lists {twice[0]} more than once")
+    # torch numbers the parameters 0, 1, ... through the groups in order: the positions of param_names
+    flat = [i for g in groups for i in g["params"]]
+    if not (all(type(i) is int for i in flat) and sorted(flat) == list(range(len(saved_names)))):
+        raise _unfit(f"its groups hold {len(flat)} parameter indices, its param_names lists {len(saved_names)} names")
+    group_of = {i: g for g in groups for i in g["params"]}
+    stray = [k for k in saved["state"] if k not in group_of]
+    if stray:
+        raise _unfit(f"state at index {stray[0]!r:.40}, but param_names has indices 0-{len(saved_names) - 1}")
+    out = {}
+    for i, name in enumerate(saved_names):
+        st = saved["state"].get(i, {})
+        if not isinstance(st, dict):
+            raise _unfit(f"the state of {name} is a {type(st).__name__}, not a dict")
+        out[name] = (st, group_of[i])
+    return out
+
+
+def state_for(optimizer, saved, saved_names):
+    """A checkpoint's optimizer state dict laid out for `optimizer` (for its load_state_dict):
+    per parameter of `optimizer`, the saved state (moments, step counts) of the parameter of the
+    same name; the groups and their settings are `optimizer`'s own, i.e. the config's. Mapping by
+    name makes the checkpoint's group layout irrelevant (older checkpoints grouped parameters by
+    their settings, so changing weight_decay to 0 changed the order). A parameter without saved
+    state, a saved parameter this model lacks, or a moment of another shape is a UserError naming
+    the parameter."""
+    by_name = _saved_by_name(optimizer, saved, saved_names)
+    names = optimizer_param_names(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise _unfit(f"no state for {missing[0]} ({len(missing)} of this model's {len(names)} parameters missing)")
+    extra = sorted(set(by_name) - set(names))
+    if extra:
+        raise _unfit(f"state for {extra[0]}, which this model does not have ({len(extra)} such)")
+    state = {}
+    for i, (name, p) in enumerate(zip(names, params)):
+        st = by_name[name][0]
+        for key in PARAM_SHAPED_STATE:
+            if key not in st:
+                continue
+            want = _state_shape(key, tuple(p.shape))
+            if not torch.is_tensor(st[key]) or tuple(st[key].shape) != want:
+                got = tuple(st[key].shape) if torch.is_tensor(st[key]) else type(st[key]).__name__
+                raise _unfit(f"{key} of {name} has shape {got}, the parameter needs {want}")
+        if st:
+            state[i] = st
+    return {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+
+
+def changed_settings(optimizer, saved, saved_names):
+    """["key old -> new", ...]: the group settings of `optimizer` (weight_decay, betas, eps,
+    lr_scale, ...) that differ from those of the saved group each parameter was in (sorted, each
+    once; the learning rate is the schedule's and is not compared). Call it after state_for has
+    accepted the state (every parameter has a saved group)."""
+    by_name = _saved_by_name(optimizer, saved, saved_names)
+    changed = set()
+    for group in optimizer.param_groups:
+        for name in group["param_names"]:
+            old = by_name[name][1]
+            for k, v in group.items():
+                if k not in ("params", "param_names", "role", "lr", "initial_lr") and old.get(k) != v:
+                    changed.add(f"{k} {old.get(k)} -> {v}")
+    return sorted(changed)
 
 
 LR_SCHEDULES = ("cosine", "linear", "constant")

@@ -52,10 +52,12 @@ from tinylab.interop import export_bin
 from tinylab.metrics import MetricsLogger
 from tinylab.optim import (
     build_optimizer,
+    changed_settings,
     clip_grad_norm,
     lr_at,
     optimizer_param_names,
     set_lr,
+    state_for,
 )
 from tinylab.perf import retain_freed_memory
 from tinylab.rundir import RunDir
@@ -394,34 +396,19 @@ class Trainer:
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + self.run.dist.rank)
 
     def _restore_optimizer(self, ckpt):
-        saved_names = ckpt.get("param_names")
-        names = optimizer_param_names(self.optimizer)
-        if saved_names is not None and list(saved_names) != names:
-            raise UserError("the checkpoint's optimizer state does not match the model's parameters "
-                            f"({len(saved_names)} saved vs {len(names)} now); was the checkpoint edited by hand?")
         if ckpt.get("optimizer_name", "adamw") != self.cfg["optimizer"]:
             raise UserError(f"checkpoint was trained with optimizer={ckpt.get('optimizer_name')}, config says "
                             f"{self.cfg['optimizer']}; use init_from=resume_model to switch")
-        # load_state_dict also restores the saved groups' hyperparameters; the config given now
-        # wins (e.g. a grown model resumed with the target model's config), with a notice
-        configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
-                      for g in self.optimizer.param_groups]
-        saved = ckpt["optimizer"]
+        # the state by parameter name, the groups' settings from the config given now (e.g. another
+        # weight decay, or a grown model resumed with the target model's config), with a notice
+        saved, saved_names = ckpt["optimizer"], ckpt.get("param_names")
+        state = state_for(self.optimizer, saved, saved_names)
+        changed = changed_settings(self.optimizer, saved, saved_names)
         if self.run.fsdp:  # the checkpoint's full tensors, cut like the sharded parameters
-            saved = shard_optimizer_state(self.optimizer, saved)
-        try:
-            self.optimizer.load_state_dict(saved)
-        except ValueError as e:  # torch's group-size check: the state is another parameter set's
-            raise UserError(f"the checkpoint's optimizer state does not fit this model's parameters ({e}); use "
-                            f"init_from=resume_model to continue with a fresh optimizer") from None
-        changed = set()
-        for group, want in zip(self.optimizer.param_groups, configured):
-            for k, v in want.items():
-                if group.get(k) != v:
-                    changed.add(f"{k} {group.get(k)} -> {v}")
-                    group[k] = v
+            state = shard_optimizer_state(self.optimizer, state)
+        self.optimizer.load_state_dict(state)
         if changed and self.run.master:
-            print(f"notice: optimizer settings from the config replace the checkpoint's: {'; '.join(sorted(changed))}")
+            print(f"notice: optimizer settings from the config replace the checkpoint's: {'; '.join(changed)}")
 
     def checkpoint_dict(self, loader_state, rng_per_rank=None, full_state=None):
         """`full_state`: (model, optimizer) state dicts gathered from the FSDP shards."""
