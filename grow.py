@@ -23,7 +23,7 @@ import sys
 
 from tinylab.checkpoint import load_checkpoint, save_checkpoint
 from tinylab.errors import UserError, cli_main
-from tinylab.growth import GrowthOptions, grow_checkpoint, growth_summary, loss_change
+from tinylab.growth import GrowthOptions, check_restart, grow_checkpoint, growth_summary, loss_change
 from tinylab.growth_plan import plan_main, refuse_plan_flags, split_multi_values
 from tinylab.outputs import guard_file
 from tinylab.rundir import RunDir
@@ -68,6 +68,7 @@ def main(argv=None):
         ckpt = load_checkpoint(a.resume)
         # the optimizer state is rebuilt with the settings the run was trained with
         cfg = {**TRAIN.defaults(), **(ckpt.get("config") or {})}
+        check_restart(opts, cfg)  # the flags against the checkpoint's schedule, before any work or write
         grown = grow_checkpoint(ckpt, opts, cfg)
         before, after, measured_on = loss_change(ckpt, grown, cfg)
         # the summary is built before the write, so nothing can fail after it

@@ -7,13 +7,20 @@ Each input is a metrics.jsonl (one JSON record per line with "iter", written by 
 run folder holding one, or a sweep summary (sweep.py's results.jsonl), which stands for all its
 runs. One panel per metric, one line per run, against `iter` (or --x). Records without a numeric
 value for a metric (evaluation-only keys, generation tables, "nan" strings) are skipped.
-Without --metrics every numeric key found is drawn. matplotlib is optional for the project, so
+Without --metrics every numeric key found is drawn (one never logged in a record that has the --x
+key is left out, with a notice). An --x or --metrics name that no run logs is an error that lists
+what the runs have. matplotlib is optional for the project, so
 its absence is a one-line error here rather than an import failure.
 """
 from tinylab.config import ArgParser
 from tinylab.errors import UserError, cli_main
 from tinylab.outputs import guard_parsed
 from tinylab.plotting import SKIP_KEYS, _is_number, load_runs, series
+
+
+def few(names, n=8):
+    """The first n names, comma-separated (and how many more)."""
+    return ", ".join(names[:n]) + (f", ... ({len(names) - n} more)" if len(names) > n else "") if names else "none"
 
 
 def main(argv=None):
@@ -38,13 +45,27 @@ def main(argv=None):
         if len(labels) != len(runs):
             raise UserError(f"--labels has {len(labels)} names for {len(runs)} runs")
         runs = [(label, recs) for label, (_, recs) in zip(labels, runs)]
-    available = sorted({k for _, recs in runs for rec in recs for k, v in rec.items() if k not in SKIP_KEYS and _is_number(v)})
+    numeric = {k for _, recs in runs for rec in recs for k, v in rec.items() if _is_number(v)}
+    available = sorted(numeric - SKIP_KEYS)
+    if a.x not in numeric:
+        raise UserError(f"--x={a.x}: no input has a numeric '{a.x}' (they have: {few(sorted(numeric))})")
     metrics = [m.strip() for m in a.metrics.split(",") if m.strip()] if a.metrics else available
     for m in metrics:
         if m not in available:
-            raise UserError(f"no input has the metric '{m}' (available: {', '.join(available) or 'none'})")
+            raise UserError(f"--metrics: no input has the metric '{m}' (available: {few(available)})")
     if not metrics:
         raise UserError("the inputs hold no numeric metrics")
+    # a metric the runs log only in records without the x key (eval records vs --x=tokens_seen)
+    # would be an empty panel
+    empty = [m for m in metrics if not any(series(recs, a.x, m)[0] for _, recs in runs)]
+    if empty and a.metrics:
+        raise UserError(f"--metrics: no record has both '{empty[0]}' and --x={a.x} (the runs log them in "
+                        f"different records), so its panel would be empty")
+    if empty:
+        print(f"notice: {len(empty)} metric(s) never logged with --x={a.x} left out: {few(empty)}")
+        metrics = [m for m in metrics if m not in empty]
+        if not metrics:
+            raise UserError(f"no metric is logged in a record with --x={a.x}")
     try:
         import matplotlib
     except ImportError:

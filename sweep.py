@@ -10,8 +10,12 @@ it), so this reads the same YAML (docs/interop.md) and does the agent's job:
   - grid: the Cartesian product of every parameter's `values` (a `value` is one value), in YAML
     order, the first parameter varying slowest; random: independent draws from each parameter's
     distribution with a seeded RNG, `--count` or `run_cap` of them; bayes needs the server: error;
-  - every parameter must be a config key of the program (its module-level DEFAULTS) and every
-    value must pass the configurator, checked for all runs before the first one starts;
+  - every parameter must be a config key of the program and every value must pass the
+    configurator, checked for all runs before the first one starts. The keys are read without
+    running the program: train.py's and finetune_t0.py's from tinylab/schema.py, any other
+    program's from its source (a module-level DEFAULTS dict, or its module-level assignments of
+    literals, as nanoGPT-style configurator programs declare them); a program whose SCHEMA only
+    running it builds is not checked (a notice says so);
   - the command is built exactly as `wandb agent` builds it (wandb_agent.py, `_command_run`):
     `${envvar:NAME}` inside any item, then items that are a whole macro (`${env}`, `${interpreter}`,
     `${program}`, `${args}`, `${args_no_equals}`, `${args_no_hyphens}`, `${args_no_boolean_flags}`,
@@ -24,7 +28,10 @@ it), so this reads the same YAML (docs/interop.md) and does the agent's job:
     folder of this Python first on PATH so that the agent's `python` is this interpreter;
   - results.jsonl in the sweep folder gets one line per run: params, argv, exit code, and the final
     and best (per metric.goal) value of metric.name from the run's metrics.jsonl; configurations
-    already recorded with exit code 0 are skipped when the sweep is started again.
+    already recorded with exit code 0 are skipped when the sweep is started again;
+  - a sweep with failed runs ends with `error: N run(s) failed: <runs> (logs in <sweep folder>)`
+    and exit 1; Ctrl-C passes one SIGINT to the runs in progress (train.py saves a checkpoint),
+    waits for them, starts no other run and ends with `error: interrupted`, exit 130.
 """
 from tinylab.config import ArgParser
 from tinylab.errors import UserError, cli_main

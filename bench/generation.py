@@ -147,7 +147,9 @@ def main():
             for name, extra, old in order + settings[2:]:
                 run_dir = os.path.join(root, f"run-{r}-{settings.index((name, extra, old))}")
                 argv = [os.path.join(REPO, "configs", "base8M.py"), f"--data_cache_dir={root}/data",
-                        "--dataset_name=pretrain-all", "--batch_size=8", "--max_iters=30", "--eval_iters=2",
+                        # base8M's own schedule (lr_decay_iters = its max_iters): the first steps of its warmup
+                        "--dataset_name=pretrain-all", "--batch_size=8", "--max_iters=30", "--lr_decay_iters=100000",
+                        "--eval_iters=2",
                         "--compile=False", "--device=cpu", "--dtype=float32", "--wandb_log=False",
                         f"--out_dir={run_dir}", *overrides, *extra]
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([argv, old])]

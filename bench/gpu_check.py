@@ -262,6 +262,8 @@ def throughput(c: Checker, name, seq):
     out = f"{name}-T{seq}"
     c.call(out, train.main, [os.path.join(REPO, "configs", f"{name}.py"),
                              *c.lm_args(out, "bfloat16", max_seq_len=seq, batch_size=batch, max_iters=iters,
+                                        # the first steps of the config's own schedule (its warmup)
+                                        lr_decay_iters=cfg["lr_decay_iters"] or cfg["max_iters"],
                                         compile=p["compile"])])
     rows, _ = train_rows(os.path.join(c.work, "runs", out))
     if len(rows) != iters:

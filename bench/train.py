@@ -178,11 +178,17 @@ def build_corpus(root, cfg, iters):
     return ours, theirs, layout_vocab
 
 
+# llama2.c's lr_decay_iters: its train.py sets it to max_iters' default before the configurator
+# runs, so a --max_iters does not move it; ours gets the same schedule (the first steps of a 1000
+# iteration warmup, a run that train.py would refuse as never leaving its warmup otherwise)
+LLAMA2C_LR_DECAY_ITERS = 100000
+
+
 def program_commands(cfg, config_path, overrides, iters, data, l2c_dir, l2c_cwd, layout_vocab, l2c_compile, r):
     """(ours, llama2.c's) command lines for run r: the same shapes, optimizer, data and work."""
     ours = [sys.executable, os.path.join(REPO, "train.py"), *([config_path] if config_path else []), *overrides,
             f"--data_cache_dir={data}", "--dataset_name=bench", f"--out_dir={os.path.join(os.path.dirname(data), f'ours-{r}')}",
-            f"--max_iters={iters}", f"--eval_interval={iters}", "--eval_iters=1", "--max_new_tokens=0",
+            f"--max_iters={iters}", f"--lr_decay_iters={LLAMA2C_LR_DECAY_ITERS}", f"--eval_interval={iters}", "--eval_iters=1", "--max_new_tokens=0",
             "--log_interval=1", "--wandb_log=False", "--init_from=scratch", "--export_bin=True", f"--device={cfg['device']}",
             f"--dtype={cfg['dtype']}", f"--compile={cfg['compile']}"]
     f = float  # llama2.c's configurator asserts the literal's type equals the default's

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab.config import Key
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args
-from tinylab.rank_eval import rank_accuracy, rank_examples, summarize
+from tinylab.rank_eval import rank_accuracy, rank_examples, skip_reasons, summarize
 from tinylab.schema import EVAL, FINETUNE_T0
 from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
 
@@ -55,6 +55,16 @@ def _groups_from_args(args):
     return groups
 
 
+def no_usable_records(n_groups, read, reasons, megatron):
+    """The one line for a run in which no group had a record to rank."""
+    why = [f"{n} with {reason}" for reason, n in reasons.items()]
+    if megatron:
+        why.append(f"{megatron} Megatron group(s) (token ids, no answer_choices)")
+    return (f"no record to rank: {read} record(s) read from {n_groups} group(s)"
+            + (f", skipped: {'; '.join(why)}" if why else " (empty files)")
+            + "; rank classification needs inputs, targets and answer_choices that include the target")
+
+
 def main(argv=None):
     args = SCHEMA.parse_args(argv, SCHEMA.argparser(__doc__.split("\n")[0]))
     groups = _groups_from_args(args)
@@ -64,13 +74,19 @@ def main(argv=None):
     encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
     prefixlm = cfg["prefixlm"] if args.prefixlm is None else args.prefixlm
     results, accs, held = {}, {}, set()
+    read, reasons, megatron = 0, {}, 0  # what was read and why it was skipped, for the error below
     for src, held_out in groups:
         if src.kind == "megatron":
             print(f"{src.name}: a Megatron prefix holds token ids, no answer_choices; skipped")
+            megatron += 1
             continue
-        examples, skipped = rank_examples(read_records(src), encoder, args.score_eos, args.max_examples, args.seed)
+        rows = read_records(src)
+        read += len(rows)
+        examples, skipped = rank_examples(rows, encoder, args.score_eos, args.max_examples, args.seed)
         if not examples:
             print(f"{src.name}: no records with answer_choices containing the target; skipped")
+            for why, n in skip_reasons(rows).items():
+                reasons[why] = reasons.get(why, 0) + n
             continue
         r = rank_accuracy(model, examples, args.batch_size, prefixlm)
         results[src.name] = {**r, "skipped": skipped, "held_out": held_out, "dataset": src.dataset}
@@ -79,6 +95,8 @@ def main(argv=None):
             held.add(src.name)
         tag = " (held out)" if held_out else ""
         print(f"{src.name:24s} acc {r['acc']:.4f}  acc_norm {r['acc_norm']:.4f}  n {r['n']}{tag}")
+    if not results:
+        raise UserError(no_usable_records(len(groups), read, reasons, megatron))
     summary = summarize(accs, held, {g: results[g]["dataset"] for g in results})
     for k, v in summary.items():
         print(f"{k:24s} {v:.4f}")

@@ -374,8 +374,9 @@ def test_in_run_growth_and_resume_after_it(tiny_corpus, tmp_path):
     assert {k: ck["model_args"][k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim")} == \
         dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96)
 
-    # stop after the first growth (max_iters 7 + shift 3), resume with the small model's config
-    train.main(corpus_args(tiny_corpus, b, grow_schedule=sched, max_iters=7))
+    # stop after the first growth (max_iters 7 + shift 3), resume with the small model's config;
+    # the stopped run names only the growth it reaches (a step past its end is refused)
+    train.main(corpus_args(tiny_corpus, b, grow_schedule="6:weights", max_iters=7))
     assert load_checkpoint(b)["iter_num"] == 10 and load_checkpoint(b)["model_args"]["dim"] == 32
     train.main(corpus_args(tiny_corpus, b, grow_schedule=sched, init_from="resume_train"))
     la, lb = train_losses(a), train_losses(b)

@@ -1,7 +1,7 @@
 """The original study's 13 config files (configs/, copied with their values; paths relative) each
 run train.py end to end on a tiny corpus that holds every dataset they name (built here from
 the names: tw_fs.sh family names and the older automatic spec strings), with tiny overrides
-of the model size, batch sizes and lengths only. The probe config logs the original's probe
+of the model size, batch sizes and lengths (the warmup's too) only. The probe config logs the original's probe
 metrics; the same config with lenses=True the lens metrics."""
 import json
 import os
@@ -50,7 +50,7 @@ def corpus(tiny_corpus, tmp_path_factory):
 def tiny_overrides(corpus, out_dir):
     cache, base = corpus
     return dict(data_cache_dir=cache, out_dir=out_dir, model_dir=base, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                multiple_of=16, max_seq_len=128, max_iters=2, batch_size=2, eval_iters=1, eval_batch_size=2,
+                multiple_of=16, max_seq_len=128, max_iters=2, warmup_iters=1, batch_size=2, eval_iters=1, eval_batch_size=2,
                 generation_batch_size=2, max_new_tokens=4, device="cpu", dtype="float32")
 
 

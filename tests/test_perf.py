@@ -100,6 +100,8 @@ def test_programs_get_the_same_work(llama2, tmp_path):
                 "multiple_of", "dropout", "learning_rate", "weight_decay", "beta1", "beta2", "grad_clip", "warmup_iters",
                 "decay_lr", "device", "dtype", "compile", "eval_iters"):
         assert l2c[key] == mine[key], key
+    # llama2.c's train.py sets lr_decay_iters = max_iters before its configurator runs: 100000
+    assert mine["lr_decay_iters"] == LLAMA2C_DEFAULTS["max_iters"]
     assert (l2c["vocab_source"], l2c["vocab_size"]) == (("llama2", 32000) if llama2 else ("custom", 8192))
     assert cfg["vocab_size"] == (32000 if llama2 else 8192)
     # the same 30 iterations, two evaluations of one batch per split, one final checkpoint each
@@ -115,7 +117,7 @@ def test_iteration_lines_of_both_programs(lab_corpus, tmp_path):
     bench = load_bench()
     args = dict(data_cache_dir=lab_corpus.cache_dir, vocab_size=1024, out_dir=tmp_path / "run", dim=32, n_layers=2,
                 n_heads=4, n_kv_heads=2, multiple_of=16, max_seq_len=64, batch_size=2, gradient_accumulation_steps=1,
-                max_iters=4, eval_interval=4, eval_iters=1, log_interval=1, max_new_tokens=0, device="cpu",
+                max_iters=4, warmup_iters=2, eval_interval=4, eval_iters=1, log_interval=1, max_new_tokens=0, device="cpu",
                 dtype="float32", export_bin=False)
     out = run_main("train.py", [f"--{k}={v}" for k, v in args.items()], check=True).stdout
     found = bench.ITER_LINE.findall(out)

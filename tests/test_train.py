@@ -141,7 +141,7 @@ def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
 
 def test_nan_guard_keeps_last_good_checkpoint(corpus, tmp_path):
     out = str(tmp_path / "nan")
-    train(tiny_args(corpus, out, max_iters=4, eval_interval=2, max_new_tokens=0), check=True)
+    train(tiny_args(corpus, out, max_iters=4, warmup_iters=2, eval_interval=2, max_new_tokens=0), check=True)
     proc = train(tiny_args(corpus, out, init_from="resume_train", max_iters=40, eval_interval=2, max_new_tokens=0,
                            learning_rate=1e30, lr_scheduling=False, grad_clip=0.0))
     assert_one_line_error(proc, "nan/inf at iteration", "last good checkpoint kept")
@@ -209,7 +209,7 @@ def test_bad_input_errors(corpus, tmp_path):
 def test_wandb_offline_never_stops_training(corpus, tmp_path):
     # the real wandb, offline, in a subprocess of its own (wandb keeps process-wide state)
     out = str(tmp_path / "wb")
-    proc = run_cli(tiny_args(corpus, out, max_iters=3, eval_interval=2, wandb_log=True, wandb_run_name="t",
+    proc = run_cli(tiny_args(corpus, out, max_iters=3, warmup_iters=2, eval_interval=2, wandb_log=True, wandb_run_name="t",
                              keep_best_checkpoint=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = os.listdir(os.path.join(out, "wandb"))  # wandb files live in the run folder
@@ -224,7 +224,7 @@ def test_broken_wandb_never_stops_training(corpus, tmp_path, monkeypatch):
         raise RuntimeError("no server")
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     out2 = str(tmp_path / "wb2")
-    proc = train(tiny_args(corpus, out2, max_iters=3, wandb_log=True))
+    proc = train(tiny_args(corpus, out2, max_iters=3, warmup_iters=2, wandb_log=True))
     assert proc.returncode == 0 and "wandb could not start" in proc.stderr
     assert sorted(train_losses(out2)) == [0, 1, 2]
 

@@ -104,6 +104,9 @@ class GrowthOptions:
             raise UserError("plain layer copies (--doubling_layers *_copy) apply to --doubling layers only")
         if self.restart_warmup_steps and self.restart_steps is None:
             raise UserError("--restart_warmup_steps needs --restart_steps (the position the re-warmup starts from)")
+        if self.reset_lr_scheduler and self.restart_steps is None:
+            raise UserError("--reset_lr_scheduler needs --restart_steps: without a restart the grown run keeps its "
+                            "schedule (target mode), and there is no restarted scheduler to reset")
         if self.mode == "exact" and (self.restart_steps is not None or self.reset_optimizer):
             raise UserError("mode=exact continues the small model's exact trajectory: --restart_steps and "
                             "--reset_optimizer belong to mode=target")
@@ -402,16 +405,30 @@ def target_schedule(ckpt, opts):
     return {"start": it, "iters": opts.rewarmup_iters, "shift": shift + s_pre - s_target}
 
 
+def check_restart(opts, cfg):
+    """--restart_steps S and --restart_warmup_steps R against the checkpoint's config `cfg`: the
+    grown run trains from position S + 1 until its position reaches max_iters, so S must lie
+    before the schedule's end and the re-warmup (positions S .. S + R) must end by max_iters."""
+    s, r = opts.restart_steps, opts.restart_warmup_steps
+    if s is None:
+        return
+    end = cfg["lr_decay_iters"] or cfg["max_iters"]
+    if s >= cfg["max_iters"] or s >= end:
+        raise UserError(f"--restart_steps={s} is beyond the run's schedule (max_iters={cfg['max_iters']}, "
+                        f"lr_decay_iters={cfg['lr_decay_iters']}): the grown run would have nothing left to train")
+    if r > cfg["max_iters"] - s:
+        raise UserError(f"--restart_warmup_steps={r} is longer than what is left of the schedule after "
+                        f"--restart_steps={s}: max_iters={cfg['max_iters']} (the checkpoint's config) - {s} = "
+                        f"{cfg['max_iters'] - s} steps; the grown run would end inside its re-warmup")
+
+
 def restart_schedule(ckpt, opts, cfg):
     """grow.py --restart_steps S [--restart_warmup_steps R] (staged-training's restart): the grown
     run's first step is at schedule position S + 1, re-warming linearly from position S over R
     steps (optim.lr_at); iteration counting and data continue. Without --reset_lr_scheduler the
     checkpoint's peak learning rate stays (a restored LambdaLR keeps its base_lrs)."""
+    check_restart(opts, cfg)
     it, s = ckpt["iter_num"], opts.restart_steps
-    end = cfg["lr_decay_iters"] or cfg["max_iters"]
-    if s >= cfg["max_iters"] or s >= end:
-        raise UserError(f"--restart_steps={s} is beyond the run's schedule (max_iters={cfg['max_iters']}, "
-                        f"lr_decay_iters={cfg['lr_decay_iters']}): the grown run would have nothing left to train")
     rewarmup = {"start": it, "iters": opts.restart_warmup_steps, "shift": it - (s + 1), "ramp_from": s}
     if not opts.reset_lr_scheduler:
         rewarmup["base_lr"] = cfg["learning_rate"]
@@ -534,16 +551,35 @@ def parse_grow_schedule(cfg) -> dict:
     return schedule
 
 
+def unreachable_growth(cfg, schedule):
+    """(iteration, end) of the first grow_schedule iteration that a run starting at iteration 0
+    never reaches, or None. The run ends when its schedule position reaches max_iters; growth
+    runs after the step that makes iter_num its iteration, so max_iters itself is reached, and
+    each target-mode growth before moves the position back (S_pre -> S_pre / c), so the run's
+    end, max_iters + the shifts so far, moves on with it."""
+    shift = 0
+    for it in sorted(schedule):
+        if it > cfg["max_iters"] + shift:
+            return it, cfg["max_iters"] + shift
+        if cfg["grow_mode"] == "target":
+            opts = GrowthOptions.from_config(cfg, schedule[it], seed=0)
+            shift = target_schedule({"iter_num": it, "lr_rewarmup": {"shift": shift}}, opts)["shift"]
+    return None
+
+
 def parse_auto_growth(cfg):
     """The operators of grow_schedule="auto" / "auto:weights,layers" (grow by the paper's slope
     rule when it fires, these operators in turn; bare "auto" is one width growth), or None."""
     text = cfg["grow_schedule"].strip()
     if not text.startswith("auto"):
         return None
-    head, _, ops = text.partition(":")
+    head, sep, ops = text.partition(":")
     if head != "auto":
         raise UserError(f"grow_schedule={text!r}: write auto or auto:OP[,OP...] (OP weights or layers)")
-    ops = [o.strip() for o in ops.split(",")] if ops.strip() else ["weights"]
+    ops = [o.strip() for o in ops.split(",")] if sep else ["weights"]
+    if "" in ops:  # "auto:" or "auto:weights,": an operator left out is a mistake, not bare auto's default
+        raise UserError(f"grow_schedule={text!r} names {'no operator' if not any(ops) else 'an empty operator'} "
+                        f"after auto: (write auto:weights,layers, or bare auto for one width growth)")
     for op in ops:
         GrowthOptions.from_config(cfg, op, seed=0)
     if cfg["optimizer"] != "adamw":

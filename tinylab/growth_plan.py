@@ -159,6 +159,13 @@ def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# what read_run takes from a run's config.json: the model shape (trainer.model_args_from_config,
+# dropout aside), the tokens per iteration, the data (check_comparable) and the evaluations'
+# spacing and warmup (which points are fitted)
+PLAN_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "multiple_of", "vocab_size", "tie_embeddings",
+             "max_seq_len", "batch_size", "gradient_accumulation_steps", "dataset_name", "eval_interval", "warmup_iters")
+
+
 def read_run(folder) -> RunCurve:
     """One run folder's from-scratch loss curve (eval points with iter > 0), its shape and cost."""
     if not os.path.isdir(folder):
@@ -174,6 +181,11 @@ def read_run(folder) -> RunCurve:
         raise UserError(f"{cfg_path} is not JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(cfg, dict):
         raise UserError(f"{cfg_path} is not a JSON object")
+    missing = [k for k in PLAN_KEYS if k not in cfg]
+    if missing:  # filled from the defaults, they would describe some other run
+        raise UserError(f"run folder {folder}: config.json has no {', '.join(missing[:4])}"
+                        f"{f' (and {len(missing) - 4} more)' if len(missing) > 4 else ''}; the planner reads the "
+                        f"model shape, batch and warmup from it (--runs takes folders written by train.py)")
     from tinylab.schema import TRAIN  # not at the top: schema imports the growth flags' defaults
     cfg = {**TRAIN.defaults(), **cfg}
     ints = ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "multiple_of", "vocab_size", "max_seq_len",

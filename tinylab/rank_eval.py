@@ -9,19 +9,40 @@ import torch
 from tinylab.t0_data import ExampleEncoder, position_ids, usable
 
 
+# why a record cannot be ranked (skip_reasons' keys, in the order they are checked)
+NO_TEXT, NO_CHOICES, NOT_A_CHOICE = ("no inputs/targets text", "fewer than 2 non-empty answer_choices",
+                                     "a target that is not one of its answer_choices")
+
+
+def skip_reason(row):
+    """None for a record rank classification can score, else why not (one of the reasons above)."""
+    if not usable([row])[0]:
+        return NO_TEXT
+    choices = row.get("answer_choices")
+    if not isinstance(choices, (list, tuple)) or len(choices) < 2 or not all(isinstance(c, str) and c.strip() for c in choices):
+        return NO_CHOICES
+    return None if row["targets"].strip() in [c.strip() for c in choices] else NOT_A_CHOICE
+
+
+def skip_reasons(rows) -> dict:
+    """{reason: count} over the records that cannot be ranked."""
+    out = {}
+    for r in rows:
+        why = skip_reason(r)
+        if why is not None:
+            out[why] = out.get(why, 0) + 1
+    return out
+
+
 def rank_examples(rows, encoder: ExampleEncoder, score_eos=False, limit=0, seed=0):
     """(prompt ids, [choice ids], gold index) of the rows that have answer_choices with the target
     among them; at most `limit` (0 = all) in a seeded order. Returns (examples, skipped)."""
-    rows, _ = usable(rows)
     keep = []
     for r in rows:
-        choices = r.get("answer_choices")
-        if not isinstance(choices, (list, tuple)) or len(choices) < 2 or not all(isinstance(c, str) and c.strip() for c in choices):
-            continue
-        stripped = [c.strip() for c in choices]
-        if r["targets"].strip() in stripped:
-            keep.append((r["inputs"], list(choices), stripped.index(r["targets"].strip())))
-    skipped = len(rows) - len(keep)
+        if skip_reason(r) is None:
+            stripped = [c.strip() for c in r["answer_choices"]]
+            keep.append((r["inputs"], list(r["answer_choices"]), stripped.index(r["targets"].strip())))
+    skipped = len(rows) - len(keep)  # every record not ranked, those without inputs/targets text too
     if limit and len(keep) > limit:
         order = np.random.default_rng([seed, 17]).permutation(len(keep))[:limit]
         keep = [keep[i] for i in sorted(order)]

@@ -23,6 +23,7 @@ from tinylab.growth import (
     SYMMETRY_BREAKING,
     parse_auto_growth,
     parse_grow_schedule,
+    unreachable_growth,
 )
 from tinylab.growth import MODES as GROW_MODES
 from tinylab.megatron_data import check_weighted_splits
@@ -226,9 +227,17 @@ def check_model_shape(cfg):
 def check_schedule(cfg):
     if cfg["min_lr"] > cfg["learning_rate"]:
         raise UserError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}")
-    decay = cfg["lr_decay_iters"]
-    if cfg["lr_scheduling"] and cfg["decay_lr"] and decay and decay < cfg["warmup_iters"]:
-        raise UserError(f"lr_decay_iters={decay} ends before warmup_iters={cfg['warmup_iters']} does")
+    decay, warmup, max_iters = cfg["lr_decay_iters"], cfg["warmup_iters"], cfg["max_iters"]
+    if cfg["lr_scheduling"] and cfg["decay_lr"] and decay and decay < warmup:
+        raise UserError(f"lr_decay_iters={decay} ends before warmup_iters={warmup} does")
+    # with lr_decay_iters=0 the decay ends at max_iters: a longer warmup never ends (a run that
+    # trains no step, eval_only or max_iters=0, uses no schedule)
+    trains = max_iters > 0 and not cfg["eval_only"]
+    if cfg["lr_scheduling"] and cfg["decay_lr"] and not decay and trains and warmup > max_iters:
+        raise UserError(f"warmup_iters={warmup} is longer than the run, max_iters={max_iters} (where the "
+                        f"{cfg['lr_schedule']} schedule ends with lr_decay_iters=0): the learning rate would never "
+                        f"leave its warmup; lower warmup_iters, or keep a longer run's schedule with "
+                        f"lr_decay_iters (>= warmup_iters)")
     if cfg["adafactor_warmup_init"] and not cfg["adafactor_relative_step"]:
         raise UserError("adafactor_warmup_init=True needs adafactor_relative_step=True")
 
@@ -262,8 +271,17 @@ def check_generation_datasets(cfg):
 
 
 def check_growth(cfg):
-    parse_grow_schedule(cfg)
+    schedule = parse_grow_schedule(cfg)
     parse_auto_growth(cfg)
+    # a resumed run may carry schedule shifts of its own (a grow.py checkpoint): checked from 0 only
+    late = None if cfg["init_from"] in ("resume_train", "resume") else unreachable_growth(cfg, schedule)
+    if late:
+        it, end = late
+        beyond = (f"max_iters={cfg['max_iters']}" if end == cfg["max_iters"] else
+                  f"the run's end at iteration {end} (max_iters={cfg['max_iters']} + {end - cfg['max_iters']} from "
+                  f"the earlier growths' schedule shifts)")
+        raise UserError(f"grow_schedule step {it} is beyond {beyond}: the run stops before it and would never grow "
+                        f"there; raise max_iters or move the step")
 
 
 def check_parallelism(cfg):

@@ -90,6 +90,15 @@ def check_log_dir(a):
                         f"new or empty folder")
 
 
+def decay_end(a) -> int:
+    """lr_decay_iters of the run: 0 (= --train-steps, the original's decay to 0 there), or, for a
+    warmup longer than the run, the warmup's end. The original runs such a run, its learning rate
+    rising all along (get_linear_schedule_with_warmup: step / warmup), and run_train says so; the
+    positions never reach the warmup's end, so no learning rate changes, and TRAIN's rule against
+    a warmup that never ends (which would name warmup_iters, not --warmup-steps) does not apply."""
+    return a.warmup_steps if a.warmup_steps > a.train_steps else 0
+
+
 def train_config(a, vocab_size: int, learning_rate: float) -> dict:
     """The full TRAIN config of the run (what ckpt.pt and config.json record)."""
     tags = [t.strip() for t in (a.wandb_tags or "").split(",") if t.strip()]
@@ -106,7 +115,7 @@ def train_config(a, vocab_size: int, learning_rate: float) -> dict:
         dim=a.hidden_size, n_layers=a.num_layers, n_heads=a.num_heads, n_kv_heads=a.num_heads, hidden_dim=0,
         dropout=GPT2_DROPOUT, tie_embeddings=True,
         gradient_accumulation_steps=a.grad_accum, learning_rate=learning_rate, lr_scheduling=True, decay_lr=True,
-        lr_schedule="linear", max_iters=a.train_steps, warmup_iters=a.warmup_steps, lr_decay_iters=0, min_lr=0.0,
+        lr_schedule="linear", max_iters=a.train_steps, warmup_iters=a.warmup_steps, lr_decay_iters=decay_end(a), min_lr=0.0,
         optimizer="adamw", weight_decay=0.0, beta1=a.adam_beta1, beta2=a.adam_beta2, adam_eps=a.adam_epsilon,
         grad_clip=0.0, max_new_tokens=0, device=a.device, dtype="float16" if a.amp else "float32", compile=False,
     )
@@ -157,6 +166,9 @@ def run_train(a, log=print):
         raise UserError("--amp (fp16 mixed precision with a gradient scaler, as the original's Accelerator(fp16=True)) "
                         "needs a CUDA device")
     n_params = non_embedding_params(train_config(a, vocab, 1.0))
+    if decay_end(a):
+        log(f"notice: --warmup-steps={a.warmup_steps} is longer than --train-steps={a.train_steps}: the learning rate "
+            f"rises all along and never decays (as in the original)")
     lr = a.lr if a.lr is not None else default_lr(n_params)
     if lr <= 0:
         raise UserError(f"the default learning rate {LR_RULE[0]} - {LR_RULE[1]} ln({n_params:,}) = {lr:.3g} is not "

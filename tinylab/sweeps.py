@@ -3,8 +3,8 @@ configurations (seeded), check them against the program's schema, build each run
 as `wandb agent` builds it, run the runs and record their results. What it does, rule by rule,
 is sweep.py's docstring; the YAML keys and macros are in docs/interop.md §4.
 """
+import ast
 import collections
-import importlib.util
 import itertools
 import json
 import math
@@ -13,6 +13,7 @@ import platform
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -144,10 +145,13 @@ def load_sweep(path):
     return sweep
 
 
-def program_schema(program, workdir) -> Schema:
-    """The config keys of the sweep's program: this repository's drivers by name (schema.py), any
-    other program from its module-level SCHEMA (a config.Schema) or DEFAULTS dict, imported without
-    running its main."""
+def program_schema(program, workdir):
+    """The config keys of the sweep's program, read without running it (a program may exit or
+    fail at import, and its runs should report that, not the sweep): this repository's drivers by
+    name (schema.py); any other Python program statically, from its source: a module-level
+    DEFAULTS dict literal, or its module-level assignments of literals (nanoGPT-style configurator
+    programs). None, with a notice, for a program whose module-level SCHEMA only running it could
+    build: its parameters are then not checked."""
     path = os.path.join(workdir, program)
     if not os.path.isfile(path):
         raise UserError(f"program {program} not found in {workdir}")
@@ -155,23 +159,57 @@ def program_schema(program, workdir) -> Schema:
         return DRIVERS[program]
     if not program.endswith(".py"):
         raise UserError(f"program {program} is not a Python file; its config keys cannot be checked")
-    spec = importlib.util.spec_from_file_location("_sweep_program_" + os.path.basename(program)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, workdir)
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's program is broken or needs something missing: say so briefly
-        raise UserError(f"importing {program} to read its config keys failed: {type(e).__name__}: {e}")
-    finally:
-        sys.path.remove(workdir)
-    schema = getattr(module, "SCHEMA", None)
-    if isinstance(schema, Schema):
-        return schema
-    defaults = getattr(module, "DEFAULTS", None)
-    if not isinstance(defaults, dict):
-        raise UserError(f"{program} defines neither SCHEMA nor a DEFAULTS dict, so the sweep's parameters cannot be "
-                        f"checked")
-    return Schema.from_defaults(program, defaults)
+        tree = ast.parse(read_text(path, "program"), filename=program)
+    except SyntaxError as e:
+        raise UserError(f"{program} is not valid Python (line {e.lineno}: {e.msg}), so its config keys cannot be read")
+    assigned = module_literals(tree)
+    if isinstance(assigned.get("DEFAULTS"), dict):
+        return Schema.from_defaults(program, assigned["DEFAULTS"])
+    if any(isinstance(t, ast.Name) and t.id == "SCHEMA" for t in _assign_targets(tree)):
+        print(f"notice: {program} builds its SCHEMA when it runs, which the sweep does not do: the parameters are "
+              f"not checked against its keys", file=sys.stderr)
+        return None
+    keys = {k: v for k, v in assigned.items() if not k.startswith("_") and (v is None or type(v) in CONFIG_TYPES)}
+    if not keys:
+        raise UserError(f"{program} declares no config keys the sweep can read (a module-level DEFAULTS dict, "
+                        f"assignments of literals such as batch_size = 32, or SCHEMA), so the sweep's parameters "
+                        f"cannot be checked")
+    return Schema.from_defaults(program, keys)
+
+
+CONFIG_TYPES = (bool, int, float, str, list, dict)  # config.Key's types
+
+
+def _assign_targets(tree):
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            yield from node.targets
+        elif isinstance(node, ast.AnnAssign):
+            yield node.target
+
+
+def module_literals(tree) -> dict:
+    """{name: value} of the module-level `name = <literal>` assignments (the last one wins, as at
+    run time); a name later assigned something that is not a literal is left out."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        try:
+            literal = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            for n in names:
+                out.pop(n, None)
+            continue
+        for n in names:
+            out[n] = literal
+    return out
 
 
 # ---------------------------------------------------------------------- configurations
@@ -280,8 +318,9 @@ def check_configs(configs, schema: Schema, where):
 def run_out_dir(argv, program, schema: Schema, workdir):
     """The out_dir the program will use for this argv: its arguments after `program` parsed by its
     schema (config files included, out_dir templates filled, every rule checked), as the child
-    will parse them. None when the command has no `program` item or the program has no out_dir."""
-    if program not in argv or "out_dir" not in schema.keys:
+    will parse them. None when the command has no `program` item, the program has no out_dir or
+    its keys are unknown (schema None)."""
+    if schema is None or program not in argv or "out_dir" not in schema.keys:
         return None
     cwd = os.getcwd()
     os.chdir(workdir)  # config files in the command are relative to where the run starts
@@ -317,17 +356,72 @@ def metric_values(metrics_path, name, goal, offset=0):
     return vals[-1], (max(vals) if goal == "maximize" else min(vals))
 
 
-def run_command(argv, env, cwd, log_path, echo):
-    """Run one command; its output goes to log_path (and to our stdout when `echo`)."""
+class Children:
+    """The runs in progress. Each starts in a session of its own, so that a Ctrl-C at the terminal
+    reaches the sweep alone and the sweep passes exactly one SIGINT on to each run (to its process
+    group, as a terminal would: train.py then saves a checkpoint and exits 130); a second SIGINT
+    would make a run abort without its checkpoint. After interrupt() no further run starts."""
+
+    def __init__(self):
+        self.lock, self.procs, self.stopping = threading.Lock(), set(), False
+
+    def start(self, argv, **kwargs):
+        with self.lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+            self.procs.add(proc)
+            return proc
+
+    def finished(self, proc):
+        with self.lock:
+            self.procs.discard(proc)
+
+    def interrupt(self):
+        with self.lock:
+            self.stopping = True
+            procs = list(self.procs)
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:  # it has just ended
+                pass
+
+
+def run_command(argv, env, cwd, log_path, echo, children: Children):
+    """Run one command; its output goes to log_path (and to our stdout when `echo`). Returns its
+    exit code, or None when the sweep is stopping and the run was not started."""
     with open(log_path, "wb") as log:
-        if not echo:
-            return subprocess.run(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for line in proc.stdout:
-            log.write(line)
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
-        return proc.wait()
+        proc = children.start(argv, cwd=cwd, env=env, stdout=subprocess.PIPE if echo else log,
+                              stderr=subprocess.STDOUT)
+        if proc is None:
+            os.remove(log_path)  # (an empty log of a run that never ran would read as a crash)
+            return None
+        try:
+            if echo:
+                raw = getattr(sys.stdout, "buffer", None)  # (a text-only stdout, e.g. redirected in-process, has none)
+                for line in proc.stdout:
+                    log.write(line)
+                    if raw is not None:
+                        raw.write(line)
+                    else:
+                        sys.stdout.write(line.decode("utf-8", "replace"))
+                    sys.stdout.flush()
+            return proc.wait()
+        finally:
+            children.finished(proc)
+
+
+def stop_runs(pool, children: Children):
+    """Ctrl-C: SIGINT to the runs in progress, no further run, and wait until they have ended (and
+    their records are written); a Ctrl-C while waiting is passed on too."""
+    children.interrupt()
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return
+        except KeyboardInterrupt:
+            children.interrupt()
 
 
 def read_results(path):
@@ -361,13 +455,15 @@ def print_table(results, param_names, metric_name):
 def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb_mode="offline", parallel=1,
               workdir=REPO):
     """Check every configuration, then run them one after another (or `parallel` at a time);
-    exits 1 when a run failed, 130 after Ctrl-C (finished runs stay recorded)."""
+    ends with an error line and exit 1 when a run failed; after Ctrl-C the runs in progress are
+    stopped (stop_runs) and "error: interrupted", exit 130, follows (finished runs stay recorded)."""
     sweep = load_sweep(sweep_path)
     workdir = os.path.abspath(workdir)
     schema = program_schema(str(sweep["program"]), workdir)
     params = sweep["parameters"]
     configs = configurations(sweep, count, seed)
-    check_configs(configs, schema, f"{sweep_path} ({sweep['program']})")
+    if schema is not None:
+        check_configs(configs, schema, f"{sweep_path} ({sweep['program']})")
 
     stem = os.path.splitext(os.path.basename(sweep_path))[0]
     sweep_dir = os.path.join(workdir, out_dir or os.path.join("out", "sweeps", stem))
@@ -380,7 +476,7 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
              "argv": build_command(command, str(sweep["program"]), values, os.path.join(sweep_dir, f"run-{i:03d}.args.json"))}
             for i, values in enumerate(configs)]
     out_dirs = [run_out_dir(r["argv"], str(sweep["program"]), schema, workdir) for r in runs]
-    if "out_dir" in schema.keys and None not in out_dirs and len(set(out_dirs)) < len(out_dirs):
+    if None not in out_dirs and len(set(out_dirs)) < len(out_dirs):
         # e.g. a config without an {placeholder} out_dir: the runs would overwrite each other
         print(f"note: runs would share out_dir {collections.Counter(out_dirs).most_common(1)[0][0]}; "
               f"each run gets --out_dir={os.path.join(sweep_dir, 'run-NNN')} instead", file=sys.stderr)
@@ -405,9 +501,11 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     env = dict(os.environ, WANDB_MODE=wandb_mode)
     # `python` in the agent's command should be this interpreter (e.g. an unactivated venv)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    lock = threading.Lock()
+    lock, children = threading.Lock(), Children()
 
     def execute(r):
+        if children.stopping:
+            return None
         if "${args_json_file}" in command:
             with open(os.path.join(sweep_dir, f"{r['run']}.args.json"), "w") as f:
                 f.write(json.dumps(r["params"]))
@@ -417,7 +515,9 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
         metrics_path = os.path.join(r["out_dir"], "metrics.jsonl") if r["out_dir"] else ""
         offset = os.path.getsize(metrics_path) if os.path.isfile(metrics_path) else 0
         t0 = time.time()
-        code = run_command(r["argv"], env, workdir, log_path, echo=parallel == 1)
+        code = run_command(r["argv"], env, workdir, log_path, parallel == 1, children)
+        if code is None:  # not started: the sweep was interrupted
+            return None
         final, best = metric_values(metrics_path, metric.get("name"), metric.get("goal", "minimize"), offset)
         record = {**r, "exit_code": code, "metric": metric.get("name"), "final": final, "best": best,
                   "seconds": round(time.time() - t0, 2), "log": log_path}
@@ -431,10 +531,9 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     try:
         list(pool.map(execute, todo))
     except KeyboardInterrupt:
-        # Ctrl-C reached the running children too; wait for them, start no further run
-        pool.shutdown(wait=True, cancel_futures=True)
-        print(f"interrupted; finished runs are recorded in {results_path}", file=sys.stderr)
-        sys.exit(130)
+        stop_runs(pool, children)
+        print(f"sweep stopped; the runs so far are recorded in {results_path}")
+        raise  # cli_main: "error: interrupted", exit 130
     pool.shutdown()
     latest = {}
     for r in read_results(results_path):  # a re-run's record replaces the earlier one
@@ -443,7 +542,9 @@ def run_sweep(sweep_path, count=None, seed=0, dry_run=False, out_dir=None, wandb
     print_table(table, list(params), metric.get("name"))
     print(f"results: {results_path}")
     failed = [r["run"] for r in table if r["exit_code"] != 0]
-    if failed:
-        print(f"{len(failed)} run(s) failed: {', '.join(failed)} (see their .log files)", file=sys.stderr)
+    if failed:  # the error convention's one line, with exit 1: the sweep ran, some runs did not succeed
+        sys.stdout.flush()
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)} (logs in {sweep_dir})", file=sys.stderr,
+              flush=True)
         sys.exit(1)
 

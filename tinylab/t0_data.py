@@ -327,6 +327,8 @@ def read_records(src):
             raise UserError(f"source {src.describe()}: unsupported file type '{ext}' (json, jsonl or parquet)")
         if not os.path.isfile(src.path):
             raise UserError(f"source {src.describe()}: file {src.path} not found")
+        if os.path.getsize(src.path) == 0:  # (the datasets library's own message is a bare StopIteration)
+            raise UserError(f"source {src.describe()}: file {src.path} is empty")
         try:
             ds = datasets.load_dataset(FORMATS[ext], data_files=src.path, split="train")
         except Exception as e:

@@ -348,6 +348,13 @@ def _pretokenize_shard(task):
             "kept": kept, "tokens": tokens, "sha256": digest.hexdigest()}
 
 
+def kept_fraction(shards) -> float:
+    """The mean over shards of kept / examples, as the original reported it, over the shards that
+    hold examples: an empty raw shard ([]) has no fraction to count (0 of 0 is not 0% kept)."""
+    fractions = [r["kept"] / r["examples"] for r in shards if r["examples"]]
+    return sum(fractions) / len(fractions)
+
+
 def pretokenize_command(data_cache_dir, vocab_size, options, dataset_name, seed, tokenizer_model=None) -> str:
     """The command line that rebuilds a dataset (recorded in its manifest)."""
     parts = ["python tinystories.py pretokenize", f"--vocab_size={vocab_size}", f"--data_cache_dir={data_cache_dir}"]
@@ -390,11 +397,16 @@ def pretokenize(data_cache_dir: str, vocab_size: int, spec, dataset_name: str = 
         for r in results:
             del r["index"]
         kept = sum(r["kept"] for r in results)
+        empty = [r["source"] for r in results if r["examples"] == 0]
         if kept == 0:
             total = sum(r["examples"] for r in results)
             raise UserError(f"--filtering={spec.filtering} keeps no story of the {total} in "
                             f"{raw_data_dir(data_cache_dir)}" if total else
-                            f"the raw shards in {raw_data_dir(data_cache_dir)} hold no stories")
+                            f"the raw shards in {raw_data_dir(data_cache_dir)} hold no stories (all {len(results)} "
+                            f"are empty lists)")
+        if empty:
+            print(f"notice: {len(empty)} raw shard(s) hold no stories ([]): {', '.join(empty[:8])}"
+                  f"{', ...' if len(empty) > 8 else ''}; their .bin files are empty and kept_fraction leaves them out")
         manifest = {
             "format_version": FORMAT_VERSION,
             "dataset_name": name,
@@ -408,13 +420,13 @@ def pretokenize(data_cache_dir: str, vocab_size: int, spec, dataset_name: str = 
             "format": {"dtype": "uint16", "byteorder": "little", "bos_before_each_example": True, "eos": False},
             "examples": sum(r["examples"] for r in results),
             "kept_examples": kept,
-            "kept_fraction": sum(r["kept"] / max(r["examples"], 1) for r in results) / len(results),
+            "kept_fraction": kept_fraction(results),
             "tokens": sum(r["tokens"] for r in results),
             "shards": results,
             "command": pretokenize_command(data_cache_dir, vocab_size, spec.options(), name, seed, tokenizer_model),
         }
         write_atomic(os.path.join(tmp, "manifest.json"), (json.dumps(manifest, indent=2) + "\n").encode())
     dt = time.time() - t0
-    print(f"kept fraction {manifest['kept_fraction']:.5f} (mean over shards); {kept} examples, "
+    print(f"kept fraction {manifest['kept_fraction']:.5f} (mean over non-empty shards); {kept} examples, "
           f"{manifest['tokens']} tokens in {dt:.1f}s ({manifest['tokens'] / dt:,.0f} tokens/s)")
     return manifest

@@ -257,7 +257,9 @@ def start_run(rd: RunDir, cfg, trainer=None):
 
 
 def fit_and_close(trainer, run):
-    """A driver's last step: train, release the process group, exit 130 after a Ctrl-C stop.
+    """A driver's last step: train, release the process group; after a Ctrl-C stop (checkpoint
+    written, resume hint printed) a KeyboardInterrupt, so that cli_main ends the process as after
+    any Ctrl-C: "error: interrupted" as the last line on stderr, exit 130.
 
     Under DDP every rank waits for the others (rank 0 may still be writing the last checkpoint)
     before the process group is destroyed: tearing gloo down while a peer is busy can abort the
@@ -271,7 +273,7 @@ def fit_and_close(trainer, run):
     gc.collect()
     run.close()
     if status == "interrupted":
-        sys.exit(130)
+        raise KeyboardInterrupt
 
 
 def bin_name(ckpt_name: str) -> str:
