@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab.config import Key
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args
-from tinylab.memory_budget import check_model_batch
 from tinylab.lambada import (
     fitting_items,
     lambada_items,
@@ -38,6 +37,7 @@ from tinylab.lambada import (
     score_items,
     summarize,
 )
+from tinylab.memory_budget import check_model_batch
 from tinylab.rundir import check_output_file
 from tinylab.schema import EVAL
 from tinylab.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model

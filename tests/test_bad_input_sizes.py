@@ -18,9 +18,10 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+import test_bad_input
 import torch
 from conftest import PYTHON, REPO, WIKITEXT, assert_one_line_error, run_main
-from test_bad_input import EV, GROW, T0, assert_error, assert_nothing_lost, one_thread, snapshot, world  # noqa: F401
+from test_bad_input import EV, GROW, T0, assert_error, assert_nothing_lost, snapshot, train_argv
 
 from model import ModelArgs, Transformer
 from tinylab import memory_budget
@@ -31,9 +32,11 @@ P = os.path.join
 HUGE = 10 ** 14
 
 
+world, one_thread = test_bad_input.world, test_bad_input.one_thread  # its fixtures: the inputs, one torch thread
+
+
 def T(ctx, **over):
-    """test_bad_input's tiny train.py run, with a generation evaluation and the GQA shape."""
-    from test_bad_input import train_argv
+    """test_bad_input's tiny train.py run (dim 16, one layer, GQA) on the session's corpus."""
     return train_argv(ctx.c, **{"out_dir": P(ctx.t, "out"), **over})
 
 
@@ -406,6 +409,14 @@ def test_the_repos_configs_on_a_24_gib_cpu(config, checkpointing, fits):
     cfg = TRAIN.parse([P(REPO, "configs", f"{config}.py"), "--wandb_log=False", f"--activation_checkpointing={checkpointing}"])
     est = memory_budget.training_estimate(cfg, memory_budget.Shape.from_config(cfg))
     assert (est.total <= 24 * 2 ** 30) == fits, memory_budget.bytes_text(est.total)
+
+
+def test_eval_only_needs_no_training_memory():
+    """eval_only=True takes no step: base210M evaluates on the 24 GiB machine that cannot train it."""
+    cfg = TRAIN.parse([P(REPO, "configs", "base210M.py"), "--wandb_log=False", "--eval_only=True"])
+    est = memory_budget.training_estimate(cfg, memory_budget.Shape.from_config(cfg))
+    assert est.what != "training" and est.total <= 24 * 2 ** 30
+    assert all(t.name not in ("gradients", "AdamW state") for t in est.terms)
 
 
 def test_available_memory_is_this_machines():

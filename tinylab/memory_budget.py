@@ -31,13 +31,15 @@ and the fused head's fp32 sums, A = P for activations (2 under bf16 / fp16 autoc
                      kv_dim x P (the KV cache) and the prompt windows
 
 Training's peak is parameters + gradients + optimizer state + one micro-batch; the evaluations'
-are parameters + optimizer state + theirs; the larger is compared with the memory available: on
+are parameters + optimizer state + theirs (eval_only=True: the evaluations' alone, without the
+state); the largest is compared with the memory available: on
 the CPU MemAvailable of /proc/meminfo (else physical memory), shared by the processes of this
 machine (LOCAL_WORLD_SIZE); on CUDA torch.cuda.mem_get_info of the device plus what this process
 holds cached. Measured against this bound (tests/test_bad_input_sizes.py, docs/training.md): the
 bytes saved for backward per block per token are 10 dim + 4 hidden (+ 10 to 20 fp32 values per
-token for the attention's statistics, not counted), and a whole fp32 training step of the base8M
-shape on the CPU peaks about 1.2x above the bound (2.3x with activation checkpointing).
+token for the attention's statistics, not counted); in a whole fp32 training step on the CPU each
+token costs 1.2x (the base8M shape) to 1.6x (dim 128) the bound in resident memory, 2.4x with
+activation checkpointing (backward's temporaries).
 
 The error names the keys behind the largest terms: those far above the base8M configuration's
 values (REFERENCE), or every key of the largest term when none is.
@@ -267,10 +269,11 @@ def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=Fal
     model_keys = shape.factors("dim", "n_layers", "vocab_size", "hidden_dim")
     seq = {"batch_size": B, "max_seq_len": L}
     frozen = bool(cfg.get("probes") or cfg.get("lenses"))  # heads on a frozen model: no gradients or state of it
+    evaluates_only = bool(cfg.get("eval_only"))  # one evaluation, no step: no gradients, no optimizer state
     recompute = "" if cfg.get("activation_checkpointing") else "set activation_checkpointing=True"
     static = [Term("parameters", -(-param_count(shape) * pb // shard), model_keys),
               Term("RoPE tables", L * shape.head_dim * 4, {"max_seq_len": L})]
-    if not frozen:
+    if not frozen and not evaluates_only:
         static.append(optimizer_state(shape, cfg, pb, shard))
     if packed:
         steps = max(1, cfg["gradient_accumulation_steps"] // world_size)
@@ -292,18 +295,18 @@ def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=Fal
                        {**seq, **shape.factors("dim", "vocab_size")})]
         if packed_mask:
             train.append(Term("packed rows' attention mask", B * L * L * (ab + 1), seq))
-    estimates = [Estimate("training", train)]
+    estimates = [] if evaluates_only else [Estimate("training", train)]
     eval_rows = cfg.get("eval_batch_size") or B
-    if eval_rows != B:
+    if eval_rows != B or evaluates_only:
         estimates.append(Estimate("the loss evaluation", static + [
             Term("evaluation batch buffers", eval_rows * (L + 1) * (4 * 8 + 2),
                  {"eval_batch_size": eval_rows, "max_seq_len": L})]))
     if not frozen and cfg.get("max_new_tokens", 0) > 0 and cfg.get("generation_eval_iters", 0) > 0:
         g = cfg["generation_batch_size"]
-        factors = {"generation_batch_size": g, "max_seq_len": L, **shape.factors("n_layers", "dim")}
+        rows = {"generation_batch_size": g, "max_seq_len": L}
         estimates.append(Estimate("the generation evaluation", static + [
-            kv_cache(shape, g, min(L, cfg["max_new_tokens"]), pb, factors),
-            Term("prompt windows", g * (L + 1) * (4 * 8 + 2), factors)]))
+            kv_cache(shape, g, min(L, cfg["max_new_tokens"]), pb, {**rows, **shape.factors("n_layers", "dim")}),
+            Term("prompt windows", g * (L + 1) * (4 * 8 + 2), rows)]))
     return max(estimates, key=lambda e: e.total)
 
 
@@ -345,22 +348,27 @@ def generation_estimate(shape: Shape, rows, prompt_len, new_tokens, pb, keys, pr
     return Estimate("generation", terms)
 
 
-def forward_estimate(shape: Shape, rows, seq_len, pb, flag, outputs="logits"):
+def forward_estimate(shape, rows, seq_len, pb, flag, outputs="logits", vocab_size=None):
     """An evaluation tool's batch: one forward pass (no gradients) of `rows` sequences of `seq_len`
     tokens. outputs="logits": the (rows, seq_len, vocab) scores, in the model's dtype and as the
-    float64 copy and log-softmax the tools score in; "states": every block's output kept."""
-    tokens = rows * seq_len
-    terms = [Term("hidden states", tokens * (shape.dim + shape.hidden_dim) * pb, {flag: rows})]
+    float64 copy and log-softmax the tools score in; "states": every block's output kept. `shape`
+    None (a Hugging Face model): its logits alone, of `vocab_size`."""
+    tokens, key = rows * seq_len, {flag: rows}
+    terms = []
+    if shape is not None:
+        vocab_size = shape.vocab_size
+        terms.append(Term("hidden states", tokens * (shape.dim + shape.hidden_dim) * pb, key))
+        if outputs != "logits":
+            terms.append(Term("every block's output", tokens * shape.dim * shape.n_layers * pb, key))
     if outputs == "logits":
-        terms.append(Term("logits", tokens * shape.vocab_size * (pb + 16), {flag: rows}))
-    else:
-        terms.append(Term("every block's output", tokens * shape.dim * shape.n_layers * pb, {flag: rows}))
+        terms.append(Term("logits", tokens * vocab_size * (pb + 16), key))
     return Estimate("one batch", terms)
 
 
 def model_shape(model):
-    """The Shape of a built model (its own max_seq_len)."""
-    return Shape.from_model_args(model.params)
+    """The Shape of one of our models (its own max_seq_len); None for another kind (HFCausalLM)."""
+    from model import ModelArgs
+    return Shape.from_model_args(model.params) if isinstance(model.params, ModelArgs) else None
 
 
 def param_bytes(model):
@@ -369,10 +377,10 @@ def param_bytes(model):
 
 def check_model_batch(model, rows, seq_len, flag, outputs="logits"):
     """Evaluation tools: refuse a batch of `rows` x `seq_len` that cannot fit beside `model`."""
-    shape = model_shape(model)
-    if shape is not None and rows > 0 and seq_len > 0:
-        check(forward_estimate(shape, rows, seq_len, param_bytes(model), flag, outputs),
-              str(next(model.parameters()).device))
+    if rows > 0 and seq_len > 0:
+        est = forward_estimate(model_shape(model), rows, seq_len, param_bytes(model), flag, outputs,
+                               getattr(model.params, "vocab_size", 0))
+        check(est, str(next(model.parameters()).device))
 
 
 def check_generation(model, rows, prompt_len, new_tokens, keys, prompts=0, windows=0):
