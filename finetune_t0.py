@@ -22,6 +22,7 @@ are declared in tinylab/schema.py (FINETUNE_T0).
 import os
 
 from tinylab.errors import UserError, cli_main
+from tinylab.memory_budget import Shape, check_training
 from tinylab.schema import FINETUNE_T0
 from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
 from tinylab.t0_demo import write_demo_data
@@ -64,6 +65,8 @@ def main(argv=None):
     if cfg["pretrain_text"]:
         cfg["pretrain_text"] = check_pretrain_text(cfg["pretrain_text"], tok, base["model_args"]["vocab_size"])
     run = Run(cfg)
+    # memory for the base model's shape, before anything is built or created
+    check_training(cfg, run, Shape.from_model_args(base["model_args"]), packed=True)
     with open_run_folder(cfg, run) as run_dir:
         encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
         data = T0Data(mixture.train, mixture.valid, encoder, cfg["max_seq_len"] + 1,

@@ -15,6 +15,7 @@ import sys
 from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
 from tinylab.errors import UserError, cli_main
 from tinylab.fileio import read_text
+from tinylab.memory_budget import check_generation
 from tinylab.schema import SAMPLE
 from tinylab.tokenizer import tokenizer_for_checkpoint
 
@@ -38,6 +39,8 @@ def main(argv=None):
         raise UserError(f"tokenizer has {tok.vocab_size} pieces but the model's vocabulary is {model.params.vocab_size}")
     ids = tok.encode(start, bos=True)
     new = a.max_new_tokens
+    # the KV cache and sampling tables of num_samples x (prompt + max_new_tokens), before they are made
+    check_generation(model, a.num_samples, len(ids), new, {"rows": "--num_samples", "new": "--max_new_tokens"})
     if len(ids) + new > model.params.max_seq_len:
         print(f"notice: prompt + {new} tokens exceed max_seq_len={model.params.max_seq_len}; beyond it the model "
               f"sees only its last {model.params.max_seq_len // 2} to {model.params.max_seq_len} tokens", file=sys.stderr)

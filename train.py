@@ -14,6 +14,7 @@ probes=True / lenses=True train the original's per-layer heads on the frozen mod
 from tinylab.errors import UserError, cli_main
 from tinylab.growth_hook import GrowthHook
 from tinylab.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
+from tinylab.memory_budget import Shape, check_training
 from tinylab.pretokenized import BatchLoader, check_dataset, dataset_dir
 from tinylab.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.schema import TRAIN
@@ -48,6 +49,8 @@ def main(argv=None):
             check_feature_labels(dataset_dir(cfg["data_cache_dir"], layout_vocab, name), "test", tokenizer,
                                  f"probes=True: eval_dataset_names {name}")
     run = Run(cfg)
+    if cfg["init_from"] == "scratch":  # (a resumed shape is the checkpoint's: init_model checks it)
+        check_training(cfg, run, Shape.from_config(cfg))  # memory, before anything is built or created
     with open_run_folder(cfg, run) as run_dir:
         seed_everything(cfg["seed"])  # identical initial weights on every rank
         model, ckpt = init_model(cfg, run)

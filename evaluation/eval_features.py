@@ -46,6 +46,7 @@ from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
 from tinylab.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
 from tinylab.fileio import write_atomic
 from tinylab.lm_eval import generate_rows
+from tinylab.memory_budget import check_generation
 from tinylab.pretokenized import check_dataset
 from tinylab.run_tables import open_run
 from tinylab.schema import EVAL, MAX_NEW_TOKENS, TEMPERATURE, TOP_K
@@ -88,6 +89,10 @@ def main(argv=None):
     check_dataset(cache, layout_vocab(ckpt, tok), a.prompts_from, tok.model_path)
     if llm:
         llm.check_reachable()  # a dead --judge_url fails now, not after every story is generated
+    # batch_size windows and generations of up to max_new_tokens, num_samples prompts: before the work
+    check_generation(model, min(a.batch_size, a.num_samples), 1, a.max_new_tokens,
+                     {"rows": "--batch_size", "new": "--max_new_tokens", "prompts": "--num_samples"},
+                     prompts=a.num_samples, windows=a.batch_size)
     judge = llm or make_judge(a.feature, cache)  # the classifier: trained (and cached) on first use
     rows = generate_rows(model, tok, ckpt, cache, a.prompts_from, a.num_samples, a.batch_size, a.max_new_tokens,
                          a.temperature, a.top_k, a.seed)

@@ -37,6 +37,7 @@ from tinylab.lambada import (
     score_items,
     summarize,
 )
+from tinylab.memory_budget import check_model_batch
 from tinylab.schema import EVAL
 from tinylab.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model
 
@@ -47,15 +48,18 @@ SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
 ])])
 
 
-def score_fitting(model, items, batch_size, source):
+def score_fitting(model, items, batch_size, source, flag="--batch_size"):
     """Score the items whose last word fits the model's window (a notice counts the others):
-    (the scored items, summarize()'s metrics, the last-token accuracy)."""
+    (the scored items, summarize()'s metrics, the last-token accuracy). `flag` sets batch_size."""
     items, too_long = fitting_items(items, model.params.max_seq_len)
     if too_long:
         print(f"notice: {too_long} passage(s) left out: their last word has max_seq_len="
               f"{model.params.max_seq_len} tokens or more, which this model cannot score")
     if not items:
         raise UserError(f"{source} holds no passage with a context and a last word that fits the model's window")
+    rows = min(batch_size, len(items))  # the first batch, each passage cut to the window as score_items does
+    check_model_batch(model, rows, min(max(len(c) + len(w) for c, w in items[:rows]), model.params.max_seq_len + 1) - 1,
+                      flag)
     results = score_items(model, items, model.params.max_seq_len, batch_size)
     return items, summarize(results), sum(r[2] for r in results) / len(results)
 
@@ -148,7 +152,7 @@ def original_main(argv):
         emit({"passages": len(passages), "n": len(items), "fragments": n_fragments, "skipped": skipped,
               "tokens": tokens}, a.out)
         return
-    items, metrics, last_token_acc = score_fitting(model, items, a.batch, a.path)
+    items, metrics, last_token_acc = score_fitting(model, items, a.batch, a.path, "--batch")
     print(f"whole-word accuracy {metrics['acc']:.4f}  target-word perplexity {metrics['ppl']:.3f}  "
           f"last_token_acc {last_token_acc:.4f}")
     print("Accuracy: %.4f" % last_token_acc)  # the original's line (its last-token accuracy)

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinylab.config import Key
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args
+from tinylab.memory_budget import check_model_batch
 from tinylab.rank_eval import rank_accuracy, rank_examples, skip_reasons, summarize
 from tinylab.schema import EVAL, FINETUNE_T0
 from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
@@ -88,6 +89,9 @@ def main(argv=None):
             for why, n in skip_reasons(rows).items():
                 reasons[why] = reasons.get(why, 0) + n
             continue
+        pairs = [len(p) + len(c) for p, choices, _ in examples for c in choices]  # longest first (score_choices)
+        check_model_batch(model, min(args.batch_size, len(pairs)), min(max(pairs), model.params.max_seq_len + 1) - 1,
+                          "--batch_size")
         r = rank_accuracy(model, examples, args.batch_size, prefixlm)
         results[src.name] = {**r, "skipped": skipped, "held_out": held_out, "dataset": src.dataset}
         accs[src.name] = r["acc"]

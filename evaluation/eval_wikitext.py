@@ -36,7 +36,8 @@ from tinylab import hub
 from tinylab.config import Key, Schema
 from tinylab.errors import UserError, cli_main
 from tinylab.eval_common import emit, load_for_args, load_hf_rows, read_rows
-from tinylab.perplexity import batched, block_losses, group_texts_blocks, sliding_window_nll, token_stream
+from tinylab.memory_budget import check_model_batch
+from tinylab.perplexity import batched, block_losses, group_texts_blocks, sliding_window_nll, token_stream, window_spans
 from tinylab.schema import DEVICE, EVAL
 from tinylab.staged_eval import (
     BOS_ID,
@@ -92,6 +93,8 @@ def project_main(argv):
     ids, n_bytes = token_stream(rows, tok, a.join)
     if len(ids) < 2:
         raise UserError(f"{a.data} holds too little text to evaluate ({len(ids)} tokens)")
+    spans = window_spans(len(ids), window, stride, a.bos)  # the first batch: the longest windows
+    check_model_batch(model, min(a.batch_size, len(spans)), max(e - b for b, e, _ in spans), "--batch_size")
     nll, n = sliding_window_nll(model, ids, window, stride, tok.bos_id if a.bos else None, a.batch_size)
     ppl, bpb = math.exp(nll / n), nll / (math.log(2) * n_bytes)
     print(f"data {a.data}: {len(rows)} rows, {n_bytes:,} bytes, {len(ids):,} tokens ({a.join}); "

@@ -86,7 +86,10 @@ class Key:
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
         elif t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond any float: infinite, which validate refuses
+                return math.inf if value > 0 else -math.inf
         elif t is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         elif t is str and isinstance(value, str):
@@ -123,7 +126,7 @@ class Key:
             shown = ", ".join(repr(c) if c == "" else str(c) for c in self.choices)
             fail(f"must be one of {shown}{_closest(value, self.choices)}")
         if self.type in (int, float) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            if isinstance(value, float) and not math.isfinite(value):  # (an int of any size is finite)
                 fail("must be a finite number")
             if self.range is not None and not _in_interval(value, self.range):
                 fail(f"must be in {self.range}")

@@ -7,12 +7,20 @@ Every command-line entry point runs its main() through `cli_main`:
     KeyboardInterrupt   (Ctrl-C at any moment)                -> "error: interrupted", exit 130
                         (temp files are removed by the writers' own cleanup; the training loop's
                         SIGINT checkpoint is written before this point)
+    an allocation that  (MemoryError, numpy's too; torch's     -> "error: out of memory: <what failed>
+    failed              OutOfMemoryError; a RuntimeError of       (lower ...)", exit 1
+                        an allocator: ALLOCATION_FAILURES)
+    OverflowError       (a size beyond what torch / numpy     -> "error: a number too large: ...", exit 1
+                        index with)
+Sizes are checked against the memory available before the work starts (tinylab/memory_budget.py);
+what still fails to allocate (the estimate is a lower bound) ends here as one line.
 Library warnings (torch, datasets, transformers) are silenced unless the user asks for them with
 python -W or PYTHONWARNINGS; the project's own notices are single printed lines. Genuine bugs
 still raise ordinary exceptions and show a traceback.
 """
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -26,6 +34,28 @@ def first_line(e: BaseException, limit: int = 160) -> str:
     exceptions have multi-line messages, and some, like EOFError from an empty file, none)."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:limit]}" if lines else type(e).__name__
+
+
+# what allocators say when they cannot allocate: torch's CPU allocator ("[enforce fail at
+# alloc_cpu.cpp:...] ... DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"),
+# CUDA's ("CUDA out of memory"), MPS's ("MPS backend out of memory"), others' "not enough memory"
+ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory", "defaultcpuallocator")
+SIZE_HINT = "(lower batch_size, max_seq_len or the model's size)"
+
+
+def is_allocation_failure(e: BaseException) -> bool:
+    """MemoryError, torch.OutOfMemoryError (torch is not imported here: known by its class name),
+    or a RuntimeError whose message is an allocator's failure; other RuntimeErrors are bugs."""
+    if isinstance(e, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e).lower() for m in ALLOCATION_FAILURES)
+
+
+def allocation_line(e: BaseException) -> str:
+    """'out of memory: <the failure's first line, without the allocator's source location>'."""
+    text = first_line(e, 200)
+    text = re.sub(r"\[enforce fail at [^\]]*\] (err == 0\. )?", "", text)
+    return f"out of memory: {text} {SIZE_HINT}"
 
 
 def os_error_line(e: OSError) -> str:
@@ -88,3 +118,9 @@ def cli_main(main, *args, **kwargs):
         if sys.stderr.isatty():
             print(file=sys.stderr)  # off the ^C on the terminal line
         _fail("interrupted", 130)
+    except (MemoryError, RuntimeError) as e:
+        if not is_allocation_failure(e):
+            raise  # a genuine bug: its traceback
+        _fail(allocation_line(e), 1)
+    except OverflowError as e:
+        _fail(f"a number too large: {first_line(e)} {SIZE_HINT}", 1)

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from model import ModelArgs, Transformer
+from tinylab import memory_budget
 from tinylab.checkpoint import clean_state_dict, load_weights, model_from_checkpoint
 from tinylab.dataset_spec import dataset_dir
 from tinylab.errors import UserError, first_line
@@ -448,6 +449,11 @@ def grow_checkpoint(ckpt: dict, opts: GrowthOptions, cfg: dict) -> dict:
     small = checked_small_model(args, weights)
     new_args = grown_args(args, opts.doubling)
     check_limits(new_args)
+    # and what this machine can hold of it: the grown weights and moments, beside the checkpoint
+    grown_shape = memory_budget.Shape.from_model_args(new_args)
+    if grown_shape is not None:
+        keeps_moments = ckpt.get("optimizer") is not None and not opts.reset_optimizer
+        memory_budget.check(memory_budget.growth_estimate(grown_shape, keeps_moments), str(next(iter(weights.values())).device))
     if opts.mode == "exact" and (args.dropout > 0 or cfg["dropout"] > 0):
         raise UserError("mode=exact needs dropout=0 (dropout masks differ between the halves)")
     opt_state = optimizer_state_by_name(ckpt, {n: tuple(p.shape) for n, p in small.named_parameters()})

@@ -5,8 +5,12 @@ process on the same folder stops at once, naming the holder's pid), checked befo
 starts in it (a folder that holds a run is refused unless the user passes --overwrite=True, and
 then the old run is moved aside to `<out_dir>.previous-<time>`, never deleted), and its
 config.json is written atomically, after validation. A folder this module created for a command
-that then failed is removed again, so bad input leaves nothing behind. (The tools' other outputs
-are outputs.py's.)
+that then failed is removed again, so bad input leaves nothing behind. A new run that fails after it
+started (config.json written) but before it did any work (no checkpoint, no training record in
+metrics.jsonl: an allocation failure at the first step, say) is rolled back too: the files it wrote
+are removed, and the folder if it made it, so the same command can simply be run again. Files that
+were there before are never touched, and an in-place resume is never rolled back. (The tools' other
+outputs are outputs.py's.)
 """
 import contextlib
 import errno
@@ -17,9 +21,12 @@ import time
 
 from tinylab.errors import UserError
 from tinylab.fileio import write_atomic
+from tinylab.metrics import read_metrics
 from tinylab.outputs import RUN_FILES, check_creatable
 
 LOCK_NAME = ".lock"
+WORK_FILES = ("ckpt.pt", "ckpt_best.pt")  # a run that wrote one of these did work: never rolled back
+WORK_RECORDS = ("train", "growth")  # ... or logged one of these kinds of records (tinylab/metrics.py)
 
 
 def _reason(e: OSError) -> str:
@@ -28,7 +35,8 @@ def _reason(e: OSError) -> str:
 
 class RunDir:
     """out_dir of one run: `with RunDir(path) as rd:` creates and locks it; `rd.commit()` marks
-    the run as started (the folder is then kept whatever happens)."""
+    the run as started (the folder is then kept whatever happens; with rollback=True, kept once
+    the run did work: see `close`)."""
 
     def __init__(self, path: str, what: str = "out_dir", enabled: bool = True):
         # enabled=False (DDP ranks other than 0): every method does nothing; rank 0 owns the folder
@@ -36,6 +44,8 @@ class RunDir:
         self.lock_fd = None
         self.created = []  # folders this process created, deepest first
         self.committed = False
+        self.rollback = False  # commit(rollback=True): undo the start of a run that did no work
+        self.written = []  # files in it this run created (write_json, track): what a rollback removes
 
     # -- create and lock
 
@@ -44,8 +54,9 @@ class RunDir:
             self.open()
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        failed = exc_type is not None and not (issubclass(exc_type, SystemExit) and exc.code in (0, None))
+        self.close(failed)
 
     def open(self):
         if not self.enabled or self.lock_fd is not None:
@@ -78,10 +89,17 @@ class RunDir:
         os.pwrite(self.lock_fd, f"{os.getpid()}\n".encode(), 0)
         return self
 
-    def close(self):
-        """Release the lock; a folder created for a run that never started is removed again."""
+    def close(self, failed=False):
+        """Release the lock; a folder created for a run that never started is removed again, and
+        after a failure (`failed`) of a run committed with rollback=True that did no work
+        (`did_work`), the files it wrote are removed and it counts as never started."""
         if self.lock_fd is None:
             return
+        if failed and self.committed and self.rollback and not self.did_work():
+            for name in reversed(self.written):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.path, name))
+            self.committed = False
         if not self.committed and self.created:
             # only in a folder this process made (and removes): unlinking a lock file another
             # process may have open would let a third one lock a fresh file beside it. Unlinked
@@ -129,11 +147,29 @@ class RunDir:
         print(f"notice: moved the previous run in {self.path} to {aside} (--overwrite=True)")
         return aside
 
-    def commit(self):
-        """The run starts: from here on the folder is the user's, kept whatever happens."""
-        self.committed = True
+    def commit(self, rollback=False):
+        """The run starts: from here on the folder is the user's, kept whatever happens; with
+        `rollback`, unless the run fails before it did any work (`close`)."""
+        self.committed, self.rollback = True, rollback
+
+    def track(self, name: str):
+        """`name` is about to be written by this run: if it is not there yet, it is this run's (a
+        rollback removes it)."""
+        if self.enabled and name not in self.written and not os.path.lexists(os.path.join(self.path, name)):
+            self.written.append(name)
+
+    def did_work(self) -> bool:
+        """A checkpoint, or a training / growth record in metrics.jsonl: what the run did is kept."""
+        if any(os.path.lexists(os.path.join(self.path, f)) for f in WORK_FILES):
+            return True
+        path = os.path.join(self.path, "metrics.jsonl")
+        try:
+            return any(r.get("kind") in WORK_RECORDS for r in read_metrics(path, notice=False))
+        except OSError:
+            return os.path.lexists(path)  # unreadable: keep it
 
     def write_json(self, name: str, obj):
         if not self.enabled:
             return
+        self.track(name)
         write_atomic(os.path.join(self.path, name), (json.dumps(obj, indent=1) + "\n").encode())

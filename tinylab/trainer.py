@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import ModelArgs, Transformer
 from tinylab import checkpoint as ckpt_lib
+from tinylab import memory_budget
 from tinylab.distributed import (
     all_gather_object,
     all_reduce_max,
@@ -185,6 +186,9 @@ def init_model(cfg, run: Run, log=print, ckpt=None):
     On resume the shape comes from the checkpoint (so a grown checkpoint resumes with the small
     model's config file); max_seq_len and dropout come from the config. A driver that already
     read the checkpoint (finetune_t0.py needs its context length first) passes it as `ckpt`.
+    A checkpoint read here is checked for the memory the run needs with its shape
+    (memory_budget.check_training) before the model is built; the drivers check a shape they
+    know before the run folder is opened.
     """
     if cfg["init_from"] == "scratch":
         model, ckpt = Transformer(model_args_from_config(cfg)), None
@@ -192,6 +196,7 @@ def init_model(cfg, run: Run, log=print, ckpt=None):
         path = checkpoint_path(cfg)
         if ckpt is None:
             ckpt = ckpt_lib.load_checkpoint(path)
+            memory_budget.check_training(cfg, run, memory_budget.Shape.from_model_args(ckpt["model_args"]))
         saved = ckpt["model_args"]
         differs = [f"{k}={saved.get(k)} (config {cfg.get(k)})" for k in MODEL_SHAPE_KEYS
                    if k in cfg and k in saved and cfg.get(k) not in (None, 0) and saved.get(k) is not None
@@ -247,13 +252,16 @@ def start_run(rd: RunDir, cfg, trainer=None):
     """Everything is checked and loaded (the Trainer has accepted the checkpoint's optimizer
     state): move an old run aside (overwrite=True), open the trainer's metrics log (on resume:
     drop the records the resumed run redoes), write the resolved config.json, and keep the folder
-    from now on. A run refused before this point leaves an old run's files as they were."""
+    from now on. A run refused before this point leaves an old run's files as they were; a new
+    run that fails before it did any work (RunDir.did_work: no checkpoint, no training record)
+    removes the files it wrote again (RunDir.close), an in-place resume never."""
     if not in_place(cfg) and cfg["overwrite"]:
         rd.move_aside()
     if trainer is not None:
+        rd.track("metrics.jsonl")
         trainer.open_log()
     rd.write_json("config.json", cfg)
-    rd.commit()
+    rd.commit(rollback=not in_place(cfg))
 
 
 def fit_and_close(trainer, run):
