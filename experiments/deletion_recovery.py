@@ -110,19 +110,20 @@ def train_argv(a, phase):
 
 
 def eval_argvs(a, phase):
-    """(name, script, argv) of the evaluations of a phase's final checkpoint."""
+    """(name, script, argv) of the evaluations of a phase's final checkpoint. A step that did not
+    finish in an earlier run is redone over its own output in evals/ (--force: the experiment's own file)."""
     ckpt = os.path.join(a.out_dir, "runs", phase, "ckpt.pt")
     ev = os.path.join(a.out_dir, "evals")
     steps = [(f"features_{phase}", "evaluation/eval_features.py",
               [f"--checkpoint={ckpt}", f"--feature={a.feature}", f"--prompts_from=filter-adv-{a.feature}",
                f"--num_samples={a.final_samples}", f"--batch_size={min(a.final_samples, 32)}",
                f"--max_new_tokens={a.max_new_tokens}", "--device=cpu", f"--seed={a.seed}",
-               f"--out={ev}/features_{phase}.json"])]
+               f"--out={ev}/features_{phase}.json", "--force"])]
     if phase in ("pretrain", "control", "delete"):
         steps.append((f"probe_{phase}", "evaluation/probe.py",
                       [f"--checkpoint={ckpt}", "--dataset=pretrain-all", f"--num_train={a.probe_train}",
                        f"--num_test={a.probe_test}", f"--iters={a.probe_iters}", f"--lr={a.probe_lr}", "--device=cpu",
-                       f"--seed={a.seed}", f"--out={ev}/probe_{phase}.json"]))
+                       f"--seed={a.seed}", f"--out={ev}/probe_{phase}.json", "--force"]))
     return steps
 
 
