@@ -8,7 +8,7 @@
     python export.py out/imported --import_hf=path/to/hf_llama_dir        # HF Llama -> ckpt.pt
     python export.py out/imported --import_bin=model.bin                  # llama2.c .bin -> ckpt.pt
 
-The formats (docs/interop.md) are tinylab/interop.py's. Two layouts of the same network meet
+The formats (docs/interop.md) are tinylab/interop/formats.py's. Two layouts of the same network meet
 there: llama2.c/Meta rotate adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2);
 the rows of wq and wk are permuted per head on the way to HF and back on the way in.
 
@@ -19,10 +19,11 @@ An existing output is replaced only with --force, and an import never replaces a
 """
 import os
 
-from tinylab.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from tinylab.config import Key, Schema
-from tinylab.errors import UserError, cli_main
-from tinylab.interop import (
+from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from tinylab.core.config import Key, Schema
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.outputs import declared_inputs, guard_file, guard_folder
+from tinylab.interop.formats import (
     export_bin,
     export_hf,
     export_tokenizer,
@@ -31,7 +32,6 @@ from tinylab.interop import (
     read_bin,
     read_hf,
 )
-from tinylab.outputs import declared_inputs, guard_file, guard_folder
 
 SCHEMA = Schema("export.py", [("export / import", [
     Key("version", None, "format of a --checkpoint export: 0 (default), 1, 2 = llama2.c .bin (2 = int8 Q8_0); "

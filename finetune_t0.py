@@ -3,7 +3,7 @@
     python finetune_t0.py configs/t0_small.py --model_dir=out/base --mixture=data/t0/mixture.json \\
         [--prefixlm=True] [--optimizer=adafactor --adafactor_preset=t0] [--loss_normalization=example]
     torchrun --nproc_per_node=N finetune_t0.py ...
-    python finetune_t0.py --make_demo_data=data/t0_demo      # the built-in multitask set (tinylab/t0_demo.py)
+    python finetune_t0.py --make_demo_data=data/t0_demo      # the built-in multitask set (tinylab/t0/demo.py)
     python finetune_t0.py --model_dir=out/base --train-weighted-split-paths "T: 1 0:0.9 data/rte, 2 0:1 data/copa" \
         --valid-weighted-split-paths "rte: 1 0.9:1 data/rte" --test-weighted-split-paths ...   # Megatron's arguments
     python finetune_t0.py --preprocess --input=rte.jsonl --output_prefix=data/rte --model_dir=out/base
@@ -12,22 +12,22 @@
 Examples of the mixture's training sources are drawn in proportion to their weights, packed
 into rows of max_seq_len + 1 tokens (best-fit decreasing; --packing=next_fit: greedy), attend only within their own example (causal, or
 prefix-LM over the inputs), restart their positions at 0, and are trained on their targets only
-(tinylab/t0_data.py). Validation groups are evaluated on their own fixed rows (loss/valid/<name>) and, when
-they have answer_choices, by rank classification (rank_acc/<name>, tinylab/rank_eval.py); test groups
+(tinylab/t0/data.py). Validation groups are evaluated on their own fixed rows (loss/valid/<name>) and, when
+they have answer_choices, by rank classification (rank_acc/<name>, tinylab/t0/rank_eval.py); test groups
 once at the end (loss/test/<name>). Megatron-DeepSpeed's indexed datasets and weighted-split arguments are
-read as there (tinylab/megatron_data.py).
-The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are tinylab/trainer.py's; the keys
+read as there (tinylab/t0/megatron.py).
+The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are tinylab/training/trainer.py's; the keys
 are declared in tinylab/schema.py (FINETUNE_T0).
 """
 import os
 
-from tinylab.errors import UserError, cli_main
-from tinylab.memory_budget import Shape, check_training
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.memory_budget import Shape, check_training
 from tinylab.schema import FINETUNE_T0
-from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
-from tinylab.t0_demo import write_demo_data
-from tinylab.t0_finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
-from tinylab.trainer import (
+from tinylab.t0.data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
+from tinylab.t0.demo import write_demo_data
+from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
+from tinylab.training.trainer import (
     Run,
     Trainer,
     fit_and_close,

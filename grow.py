@@ -12,7 +12,7 @@ The staged-training repository's commands work too (docs/growth.md §6.5):
     python grow.py --doubling weights --resume out/ckpt.pt --out_dir out_wide \
         --restart_steps 3319 --restart_warmup_steps 200 --reset_lr_scheduler [--reset_optimizer]
 
-The operators are tinylab/growth.py's (the same ones train.py's grow_schedule applies inside a
+The operators are tinylab/growth/operators.py's (the same ones train.py's grow_schedule applies inside a
 run); the math is in docs/growth.md, the flags in tinylab/schema.py (GROW). The loss on a batch
 of the run's test data (random tokens when the checkpoint names no dataset here) is printed
 before and after: ~0 change for the function-preserving operators, and the damage a plain copy
@@ -21,12 +21,12 @@ before and after: ~0 change for the function-preserving operators, and the damag
 import os
 import sys
 
-from tinylab.checkpoint import load_checkpoint, save_checkpoint
-from tinylab.errors import UserError, cli_main
-from tinylab.growth import GrowthOptions, check_restart, grow_checkpoint, growth_summary, loss_change
-from tinylab.growth_plan import plan_main, refuse_plan_flags, split_multi_values
-from tinylab.outputs import guard_file
-from tinylab.rundir import RunDir
+from tinylab.core.checkpoint import load_checkpoint, save_checkpoint
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.outputs import guard_file
+from tinylab.core.rundir import RunDir
+from tinylab.growth.operators import GrowthOptions, check_restart, grow_checkpoint, growth_summary, loss_change
+from tinylab.growth.plan import plan_main, refuse_plan_flags, split_multi_values
 from tinylab.schema import GROW, TRAIN
 
 

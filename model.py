@@ -264,7 +264,7 @@ class FewRowProducts:
     A tuple is concatenated once per cache: one product for wq, wk, wv and one for w1, w3 take
     4 calls a layer instead of 7, the head and the trunk of a 16-row step of the 8M shape 8-21%
     less than separate products (in a loop over its weights); each output's sum runs over `in`
-    in the same order either way (tests/test_model.py holds them equal bit for bit). In fp32
+    in the same order either way (tests/model/test_model.py holds them equal bit for bit). In fp32
     and bf16 the weights are packed once per KV cache for oneDNN, whose few-row products beat
     MKL's on some hosts (at 16 rows and 2 threads the 8192-piece head took 0.77 ms against
     1.45 ms in fp32) and match them on others. In fp32 the sums run in another order than
@@ -700,7 +700,7 @@ class Transformer(nn.Module):
         (fp64), the rows stay transposed, (features, B), from one product to the next unless the
         rotation needs them back (linear copies back after each product), and the logits are
         forward's bit for bit; in fp32 and bf16 oneDNN's packed products take their place
-        (tests/test_model.py). At 16 rows of the 8M shape the step without the modules saves
+        (tests/model/test_model.py). At 16 rows of the 8M shape the step without the modules saves
         5-11% (the modules' calls and copies), the packed products another 15-18% on a host
         where oneDNN beats MKL, and the joint products of q, k, v and of w1, w3 2-10% of a
         whole generate."""

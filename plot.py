@@ -12,10 +12,10 @@ key is left out, with a notice). An --x or --metrics name that no run logs is an
 what the runs have. matplotlib is optional for the project, so
 its absence is a one-line error here rather than an import failure.
 """
-from tinylab.config import ArgParser
-from tinylab.errors import UserError, cli_main
-from tinylab.outputs import guard_parsed
-from tinylab.plotting import SKIP_KEYS, _is_number, load_runs, series
+from tinylab.core.config import ArgParser
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.outputs import guard_parsed
+from tinylab.eval.plotting import SKIP_KEYS, _is_number, load_runs, series
 
 
 def few(names, n=8):
@@ -89,7 +89,7 @@ def main(argv=None):
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
-    from tinylab.fileio import atomic_file  # a temp name + rename: never a truncated PNG
+    from tinylab.core.fileio import atomic_file  # a temp name + rename: never a truncated PNG
     with atomic_file(a.out, parents=True) as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)

@@ -6,18 +6,18 @@
 `--start` is the prompt (a literal "\\n" in it is a newline; FILE:path reads it from a file);
 BOS is prepended as in training. The tokenizer is the one the checkpoint was trained with
 (`data_cache_dir` / `vocab_size` / `tokenizer_model` of its config, else the shipped
-tokenizers/tok{V}.model or, for Llama 2 vocabularies, tokenizers/tokenizer.model: tinylab/tokenizer.py)
+tokenizers/tok{V}.model or, for Llama 2 vocabularies, tokenizers/tokenizer.model: tinylab/data/tokenizer.py)
 unless --tokenizer_model says otherwise. The story ends where the model starts the next example (BOS). The flags are
 tinylab/schema.py's SAMPLE.
 """
 import sys
 
-from tinylab.checkpoint import load_checkpoint, model_from_checkpoint
-from tinylab.errors import UserError, cli_main
-from tinylab.fileio import read_text
-from tinylab.memory_budget import check_generation
+from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.fileio import read_text
+from tinylab.core.memory_budget import check_generation
+from tinylab.data.tokenizer import tokenizer_for_checkpoint
 from tinylab.schema import SAMPLE
-from tinylab.tokenizer import tokenizer_for_checkpoint
 
 
 def read_prompt(start: str) -> str:
@@ -27,7 +27,7 @@ def read_prompt(start: str) -> str:
 
 
 def main(argv=None):
-    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
+    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/core/errors.py)
 
     a = SAMPLE.parse_args(argv, SAMPLE.argparser(__doc__.split("\n\n")[0]))
     start = read_prompt(a.start)

@@ -33,9 +33,9 @@ it), so this reads the same YAML (docs/interop.md) and does the agent's job:
     and exit 1; Ctrl-C passes one SIGINT to the runs in progress (train.py saves a checkpoint),
     waits for them, starts no other run and ends with `error: interrupted`, exit 130.
 """
-from tinylab.config import ArgParser
-from tinylab.errors import UserError, cli_main
-from tinylab.sweeps import REPO, run_sweep
+from tinylab.core.config import ArgParser
+from tinylab.core.errors import UserError, cli_main
+from tinylab.interop.sweeps import REPO, run_sweep
 
 
 def main(argv=None):

@@ -21,10 +21,10 @@ work starts.
 """
 import argparse
 
-from tinylab.config import ArgParser
-from tinylab.dataset_spec import parse_spec
-from tinylab.errors import UserError, cli_main
-from tinylab.tinystories_data import (
+from tinylab.core.config import ArgParser
+from tinylab.core.errors import UserError, cli_main
+from tinylab.data.dataset_spec import parse_spec
+from tinylab.data.tinystories_data import (
     DATA_URL,
     default_workers,
     download,

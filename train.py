@@ -5,20 +5,20 @@
     python train.py --help                                           # every config key
 
 Config keys and defaults follow the fine-tuning study's train.py (itself llama2.c's); they are
-declared, with their allowed values, in tinylab/schema.py (TRAIN). The loop is tinylab/trainer.py's
+declared, with their allowed values, in tinylab/schema.py (TRAIN). The loop is tinylab/training/trainer.py's
 (shared with finetune_t0.py); what is specific to language modelling on TinyStories datasets, the
-evaluation losses on named datasets and the generation evaluation, is tinylab/lm_eval.py's.
+evaluation losses on named datasets and the generation evaluation, is tinylab/eval/lm_eval.py's.
 probes=True / lenses=True train the original's per-layer heads on the frozen model instead
-(tinylab/probes.py; docs/evaluation.md).
+(tinylab/eval/probes.py; docs/evaluation.md).
 """
-from tinylab.errors import UserError, cli_main
-from tinylab.growth_hook import GrowthHook
-from tinylab.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
-from tinylab.memory_budget import Shape, check_training
-from tinylab.pretokenized import BatchLoader, check_dataset, dataset_dir
-from tinylab.probes import HeadsEvaluator, check_feature_labels, heads_for_config
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.memory_budget import Shape, check_training
+from tinylab.data.pretokenized import BatchLoader, check_dataset, dataset_dir
+from tinylab.eval.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
+from tinylab.eval.probes import HeadsEvaluator, check_feature_labels, heads_for_config
+from tinylab.growth.hook import GrowthHook
 from tinylab.schema import TRAIN
-from tinylab.trainer import (
+from tinylab.training.trainer import (
     Run,
     Trainer,
     fit_and_close,
@@ -28,7 +28,7 @@ from tinylab.trainer import (
     start_run,
     training_state,
 )
-from tinylab.warmup import BatchWarmup
+from tinylab.training.warmup import BatchWarmup
 
 SCHEMA = TRAIN  # sweep.py reads a program's keys from here
 

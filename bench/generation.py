@@ -40,10 +40,10 @@ sys.path.insert(0, REPO)
 import model as model_lib  # noqa: E402
 import train  # noqa: E402
 from bench.measure import run_timed  # noqa: E402
-from tinylab import tinystories_data  # noqa: E402
-from tinylab.dataset_spec import parse_spec  # noqa: E402
-from tinylab.errors import cli_main  # noqa: E402
-from tinylab.lm_eval import LMEvaluator  # noqa: E402
+from tinylab.core.errors import cli_main  # noqa: E402
+from tinylab.data import tinystories_data  # noqa: E402
+from tinylab.data.dataset_spec import parse_spec  # noqa: E402
+from tinylab.eval.lm_eval import LMEvaluator  # noqa: E402
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ optimizer builder and model.generate directly. The rows:
   bf16 vs fp32   base8M shape, the same 50 steps of the same batches from the same weights in
                  dtype=float32 (TF32 matmuls on CUDA, as train.py runs it) and dtype=bfloat16;
                  loss/test after the last step within REL_TOL_BF16 (2%) of each other
-  fused AdamW    tinylab.optim.build_optimizer's AdamW has fused=True and the step runs the
+  fused AdamW    tinylab.training.optim.build_optimizer's AdamW has fused=True and the step runs the
                  aten::_fused_adamw_ kernel (profiler)
   fused head     a dim-64 model with a 32000-piece vocabulary under bf16 autocast + torch.compile:
                  training forward + backward never holds a (tokens x vocab) bf16 logits tensor
@@ -77,14 +77,14 @@ import torch  # noqa: E402
 import finetune_t0  # noqa: E402
 import train  # noqa: E402
 from model import ModelArgs, Transformer  # noqa: E402
-from tinylab import checkpoint as ckpt_lib  # noqa: E402
-from tinylab import tinystories_data  # noqa: E402
-from tinylab.dataset_spec import parse_spec  # noqa: E402
-from tinylab.metrics import read_metrics  # noqa: E402
-from tinylab.optim import build_optimizer  # noqa: E402
+from tinylab.core import checkpoint as ckpt_lib  # noqa: E402
+from tinylab.core.metrics import read_metrics  # noqa: E402
+from tinylab.data import tinystories_data  # noqa: E402
+from tinylab.data.dataset_spec import parse_spec  # noqa: E402
+from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
-from tinylab.t0_demo import write_demo_data  # noqa: E402
-from tinylab.tokenizer import Tokenizer  # noqa: E402
+from tinylab.t0.demo import write_demo_data  # noqa: E402
+from tinylab.training.optim import build_optimizer  # noqa: E402
 
 CONFIGS = ("base8M", "base30M", "base91M")
 TOTAL_LIMIT_S = 480  # the "under 8 minutes on one CUDA GPU"

@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import ModelArgs, Transformer  # noqa: E402
-from tinylab import growth as grow  # noqa: E402
-from tinylab.checkpoint import model_args_dict, save_checkpoint  # noqa: E402
-from tinylab.optim import build_optimizer, optimizer_param_names  # noqa: E402
+from tinylab.core.checkpoint import model_args_dict, save_checkpoint  # noqa: E402
+from tinylab.growth import operators as grow  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
+from tinylab.training.optim import build_optimizer, optimizer_param_names  # noqa: E402
 
 
 def training_state(model):

@@ -19,9 +19,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import ModelArgs, Transformer  # noqa: E402
-from tinylab import optim  # noqa: E402
-from tinylab.optim import apply_optimizer_preset  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
+from tinylab.training import optim  # noqa: E402
+from tinylab.training.optim import apply_optimizer_preset  # noqa: E402
 
 
 def state_bytes(opt):

@@ -25,9 +25,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tinylab import tinystories_data as tinystories  # noqa: E402
-from tinylab.dataset_spec import load_raw_shard, make_text, parse_spec, shard_rng  # noqa: E402
-from tinylab.tokenizer import Tokenizer  # noqa: E402
+from tinylab.data import tinystories_data as tinystories  # noqa: E402
+from tinylab.data.dataset_spec import load_raw_shard, make_text, parse_spec, shard_rng  # noqa: E402
+from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 
 _RAW = {}
 

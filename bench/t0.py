@@ -45,10 +45,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from optimizers import state_bytes, sync, time_steps  # noqa: E402  (bench/optimizers.py)
 
 from model import ModelArgs, Transformer, document_mask  # noqa: E402
-from tinylab import optim  # noqa: E402
-from tinylab.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 from tinylab.schema import FINETUNE_T0  # noqa: E402
-from tinylab.t0_data import (  # noqa: E402
+from tinylab.t0.data import (  # noqa: E402
     ExampleEncoder,
     PackedStream,
     T0Batches,
@@ -58,7 +57,8 @@ from tinylab.t0_data import (  # noqa: E402
     rows_to_arrays,
     tokenize_rows,
 )
-from tinylab.tokenizer import Tokenizer  # noqa: E402
+from tinylab.training import optim  # noqa: E402
+from tinylab.training.optim import apply_optimizer_preset  # noqa: E402
 
 
 def load_examples(args, row_len):
@@ -69,7 +69,7 @@ def load_examples(args, row_len):
     if args.mixture:
         sources, _ = load_mixture(args.mixture)
     else:
-        from tinylab.t0_demo import write_demo_data
+        from tinylab.t0.demo import write_demo_data
         folder = tempfile.mkdtemp(prefix="bench_t0_")
         write_demo_data(folder, n_train=400, n_valid=10)
         sources, _ = load_mixture(os.path.join(folder, "mixture.json"))

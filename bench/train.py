@@ -13,7 +13,7 @@ times llama2.c's model.py and its configure_optimizers, driven by llama2.c's tra
 
 Programs mode (--programs, needs --llama2c_dir) runs both WHOLE programs as subprocesses, ours
 (train.py) and llama2.c's train.py, alternating (ABAB...) --repeats times, each for --iters
-iterations (default 30) on the same tokens: the built-in corpus (tinylab/synth_stories.py, 3
+iterations (default 30) on the same tokens: the built-in corpus (tinylab/data/synth_stories.py, 3
 shards) pretokenized once into a temporary folder, in our layout (<cache>/llama2/<name>/ or
 <cache>/tok{V}/<name>/ with a manifest) and, as links to the same uint16 shards, in llama2.c's
 (data/TinyStories_all_data/*.bin for vocab_source=llama2, data/tok{V}/*.bin for custom). Both do
@@ -42,9 +42,9 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from bench.measure import run_timed  # noqa: E402
-from tinylab.lm_eval import dataset_vocab  # noqa: E402
+from tinylab.eval.lm_eval import dataset_vocab  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
-from tinylab.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
+from tinylab.training.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
 
 
 class RandomBatches:
@@ -102,7 +102,7 @@ def bench_ours(cfg, iters, warmup, profile=None):
         import io
         with contextlib.redirect_stdout(io.StringIO()):
             trainer.fit()
-        from tinylab.metrics import read_metrics
+        from tinylab.core.metrics import read_metrics
         rows = [r for r in read_metrics(os.path.join(out, "metrics.jsonl")) if r["kind"] == "train"]
     ms = statistics.median(r["ms_per_iter"] for r in rows[warmup:])
     mfu = [r["mfu"] for r in rows[warmup:] if "mfu" in r]
@@ -156,8 +156,8 @@ ITER_LINE = re.compile(r"^(\d+) \| loss \S+ \| lr \S+ \| ([\d.]+)ms", re.M)
 def build_corpus(root, cfg, iters):
     """The built-in corpus pretokenized for cfg's vocabulary, in our layout and (as links to the
     same shards) in llama2.c's; returns (our data_cache_dir, llama2.c's working folder, layout vocab)."""
-    from tinylab import tinystories_data
-    from tinylab.dataset_spec import parse_spec
+    from tinylab.data import tinystories_data
+    from tinylab.data.dataset_spec import parse_spec
     layout_vocab, _ = dataset_vocab(cfg)
     ours = os.path.join(root, "data")
     # shards 1-2 train: at least twice the windows the run reads (llama2.c drops each shard's last)

@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab import compare
-from tinylab.errors import UserError, cli_main
-from tinylab.eval_common import cache_dir_of, emit, is_hf_dir, layout_vocab, load_model, model_tokenizer, read_rows
+from tinylab.core.errors import UserError, cli_main
+from tinylab.eval import compare
+from tinylab.eval.common import cache_dir_of, emit, is_hf_dir, layout_vocab, load_model, model_tokenizer, read_rows
 from tinylab.schema import COMPARE
 
 
@@ -52,8 +52,8 @@ def prompt_sequences(a, ckpt, tok, max_len):
         if not texts:
             raise UserError(f"--prompts={a.prompts} holds no prompt (no non-empty line)")
         return [ids[:max_len] for ids in tok.encode_batch(texts, bos=True)], f"file {a.prompts}"
-    from tinylab.pretokenized import check_dataset, dataset_dir
-    from tinylab.probes import story_examples
+    from tinylab.data.pretokenized import check_dataset, dataset_dir
+    from tinylab.eval.probes import story_examples
     name = a.dataset or ckpt.get("config", {}).get("dataset_name")
     if not name:
         raise UserError(f"{a.checkpoints[0]} names no training dataset; pass --dataset=NAME or --prompts=FILE")

@@ -25,7 +25,7 @@ Judges (the one in use is named in every output):
               (--judge_cache=FILE keeps them across runs). judge_accuracy is null (unmeasured).
               --judge_url is probed (one HEAD request) before any story is generated.
 --tables scores the generations a training run already logged instead of generating new ones
-(tinylab/run_tables.py): every evaluation's tables (all datasets pooled, and per dataset), with
+(tinylab/eval/run_tables.py): every evaluation's tables (all datasets pooled, and per dataset), with
 the same judge and the same rule (only prompts that ask for the feature), written back to the run
 as one record per evaluation: to its metrics.jsonl (`kind: "feature_score"`, appended atomically)
 or, for a wandb run path, to that wandb run (resumed; `iter_num_gen` is the iteration), as the
@@ -39,16 +39,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab.config import Key
-from tinylab.dataset_spec import FEATURES
-from tinylab.errors import UserError, cli_main
-from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
-from tinylab.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
-from tinylab.fileio import write_atomic
-from tinylab.lm_eval import generate_rows
-from tinylab.memory_budget import check_generation
-from tinylab.pretokenized import check_dataset
-from tinylab.run_tables import open_run
+from tinylab.core.config import Key
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.fileio import write_atomic
+from tinylab.core.memory_budget import check_generation
+from tinylab.data.dataset_spec import FEATURES
+from tinylab.data.pretokenized import check_dataset
+from tinylab.eval.common import cache_dir_of, emit, layout_vocab, load_for_args
+from tinylab.eval.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
+from tinylab.eval.lm_eval import generate_rows
+from tinylab.eval.run_tables import open_run
 from tinylab.schema import EVAL, MAX_NEW_TOKENS, TEMPERATURE, TOP_K
 
 SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", [

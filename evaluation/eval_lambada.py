@@ -25,10 +25,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab.config import Key
-from tinylab.errors import UserError, cli_main
-from tinylab.eval_common import emit, load_for_args
-from tinylab.lambada import (
+from tinylab.core.config import Key
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.memory_budget import check_model_batch
+from tinylab.eval.common import emit, load_for_args
+from tinylab.eval.lambada import (
     fitting_items,
     lambada_items,
     load_passages,
@@ -37,9 +38,8 @@ from tinylab.lambada import (
     score_items,
     summarize,
 )
-from tinylab.memory_budget import check_model_batch
+from tinylab.eval.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model
 from tinylab.schema import EVAL
-from tinylab.staged_eval import CHECKPOINT_FILE, MODEL_NAME, flag_argv, load_named_model
 
 SCHEMA = EVAL.derive("evaluation/eval_lambada.py", sections=[("LAMBADA", [
     Key("data", "hf", "'hf' (the HF `lambada` test split), 'hf:NAME' (another HF dataset with a text column), or a "

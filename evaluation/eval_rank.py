@@ -23,13 +23,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab.config import Key
-from tinylab.errors import UserError, cli_main
-from tinylab.eval_common import emit, load_for_args
-from tinylab.memory_budget import check_model_batch
-from tinylab.rank_eval import rank_accuracy, rank_examples, skip_reasons, summarize
+from tinylab.core.config import Key
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.memory_budget import check_model_batch
+from tinylab.eval.common import emit, load_for_args
 from tinylab.schema import EVAL, FINETUNE_T0
-from tinylab.t0_data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
+from tinylab.t0.data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
+from tinylab.t0.rank_eval import rank_accuracy, rank_examples, skip_reasons, summarize
 
 SCHEMA = EVAL.derive("evaluation/eval_rank.py", sections=[("rank classification", [
     Key("mixture", "", "evaluate the valid groups of this mixture file"),

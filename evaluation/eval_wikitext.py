@@ -32,14 +32,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab import hub
-from tinylab.config import Key, Schema
-from tinylab.errors import UserError, cli_main
-from tinylab.eval_common import emit, load_for_args, load_hf_rows, read_rows
-from tinylab.memory_budget import check_model_batch
-from tinylab.perplexity import batched, block_losses, group_texts_blocks, sliding_window_nll, token_stream, window_spans
-from tinylab.schema import DEVICE, EVAL
-from tinylab.staged_eval import (
+from tinylab.core.config import Key, Schema
+from tinylab.core.errors import UserError, cli_main
+from tinylab.core.memory_budget import check_model_batch
+from tinylab.eval.common import emit, load_for_args, load_hf_rows, read_rows
+from tinylab.eval.perplexity import (
+    batched,
+    block_losses,
+    group_texts_blocks,
+    sliding_window_nll,
+    token_stream,
+    window_spans,
+)
+from tinylab.eval.staged_eval import (
     BOS_ID,
     CHECKPOINT_FILE,
     EOS_ID,
@@ -51,7 +56,9 @@ from tinylab.staged_eval import (
     read_run_info,
     special_ids,
 )
-from tinylab.token_files import TokenFile, check_special_ids, ordered_batches
+from tinylab.eval.token_files import TokenFile, check_special_ids, ordered_batches
+from tinylab.interop import hub
+from tinylab.schema import DEVICE, EVAL
 
 SCHEMA = EVAL.derive("evaluation/eval_wikitext.py", sections=[("WikiText", [
     Key("data", "hf", "'hf' (wikitext-103-raw-v1 test via `datasets`) or a local text / .jsonl / .parquet file",
@@ -200,7 +207,7 @@ def original_eval(argv):
 # ---------------------------------------------------------------------- staged-training's `train`
 
 TRAIN_HELP = """staged-training's `train`: train our model on token files and validate, with the one
-training loop (docs/evaluation.md; tinylab/staged_train.py). Positional: TRAIN_DATASET_PATH
+training loop (docs/evaluation.md; tinylab/eval/staged_train.py). Positional: TRAIN_DATASET_PATH
 VALIDATION_DATASET_PATH LOG_DIR (the run folder: new or empty, or --recover)."""
 
 COUNT, NONNEG, FRACTION = "[1, inf)", "[0, inf)", "[0, 1)"
@@ -249,7 +256,7 @@ TRAIN_SCHEMA = Schema("evaluation/eval_wikitext.py train", [("staged-training's 
 
 
 def original_train(argv):
-    from tinylab.staged_train import run_train  # the training stack only for this subcommand
+    from tinylab.eval.staged_train import run_train  # the training stack only for this subcommand
     parser = TRAIN_SCHEMA.argparser(TRAIN_HELP)
     for name in ("train_dataset_path", "validation_dataset_path"):
         parser.add_input(name, metavar=name.upper())

@@ -11,7 +11,7 @@ adversarial one). Each transformer block gets its own bias-free linear head dim 
 mean of that block's output at the last --pool real positions; the loss is the sum over heads of
 BCE-with-logits, Adam at a constant learning rate, on pooled states computed once (the model is
 frozen). Reported: held-out accuracy (logit > 0) per layer and feature, with the majority-class
-baseline in the summary. The heads, pooling, loss and accuracy are tinylab/probes.py's, the same
+baseline in the summary. The heads, pooling, loss and accuracy are tinylab/eval/probes.py's, the same
 as train.py's in-loop probes (probes=True), which train on blocks 0..n_layers-2 of a frozen model.
 Last stdout line: {"layers": [{"layer", "feature", "acc"}, ...]}.
 """
@@ -20,11 +20,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tinylab.config import Key
-from tinylab.errors import cli_main
-from tinylab.eval_common import cache_dir_of, emit, layout_vocab, load_for_args
-from tinylab.pretokenized import check_dataset, dataset_dir
-from tinylab.probes import LABEL_NAMES, POOL, check_feature_labels, layers_json, run_probes
+from tinylab.core.config import Key
+from tinylab.core.errors import cli_main
+from tinylab.data.pretokenized import check_dataset, dataset_dir
+from tinylab.eval.common import cache_dir_of, emit, layout_vocab, load_for_args
+from tinylab.eval.probes import LABEL_NAMES, POOL, check_feature_labels, layers_json, run_probes
 from tinylab.schema import EVAL
 
 SCHEMA = EVAL.derive("evaluation/probe.py", sections=[("probes", [
@@ -45,7 +45,7 @@ def main(argv=None):
     cache, vocab = cache_dir_of(ckpt, a.data_cache_dir), layout_vocab(ckpt, tok)
     check_dataset(cache, vocab, a.dataset, tok.model_path)
     check_feature_labels(dataset_dir(cache, vocab, a.dataset), "train", tok, f"--dataset={a.dataset}")
-    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/errors.py)
+    import torch  # not at the top: tinylab loads first, with its Ctrl-C hook (tinylab/core/errors.py)
     torch.manual_seed(a.seed)
     r = run_probes(model, tok, dataset_dir(cache, vocab, a.dataset), a.num_train, a.num_test, a.iters, a.lr,
                    a.probe_batch_size, a.pool, a.seed)

@@ -38,9 +38,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tinylab.config import ArgParser
-from tinylab.errors import UserError, cli_main  # noqa: E402
-from tinylab.outputs import guard_parsed  # noqa: E402
+from tinylab.core.config import ArgParser
+from tinylab.core.errors import UserError, cli_main  # noqa: E402
+from tinylab.core.outputs import guard_parsed  # noqa: E402
 
 PHASES = ("pretrain", "control", "delete", "recover", "recover_control")
 LABELS = {"pretrain": "pretrained on all data", "control": "control: never saw {d} stories",
@@ -59,9 +59,9 @@ def dataset_specs(d):
 def build_data(a, log):
     """Corpus, tokenizer and datasets in a.data_cache_dir; each step is skipped when its output
     already exists (a rerun reuses them, if they were made with the same settings)."""
-    from tinylab import tinystories_data as tinystories
-    from tinylab.dataset_spec import parse_spec, raw_data_dir
-    from tinylab.pretokenized import check_dataset
+    from tinylab.data import tinystories_data as tinystories
+    from tinylab.data.dataset_spec import parse_spec, raw_data_dir
+    from tinylab.data.pretokenized import check_dataset
     cache = a.data_cache_dir
     settings = {"num_shards": a.num_shards, "stories_per_shard": a.stories_per_shard, "vocab_size": a.vocab_size,
                 "seed": a.seed, "instruction_subset": "Words,Features"}
@@ -233,7 +233,7 @@ def read_evals(a):
 
 def curves(a):
     """phase -> list of eval records (iter, score, task / complement / adversarial loss)."""
-    from tinylab.metrics import read_metrics
+    from tinylab.core.metrics import read_metrics
     d, out = a.feature, {}
     for phase in PHASES:
         recs = [r for r in read_metrics(os.path.join(a.out_dir, "runs", phase, "metrics.jsonl")) if r.get("kind") == "eval"]
@@ -250,10 +250,10 @@ def twist_probe(probe, feature):
 
 def probe_baseline(a):
     """Majority-class accuracy of `feature` on the probes' held-out stories."""
-    from tinylab.dataset_spec import STORY_FEATURES
-    from tinylab.pretokenized import dataset_dir
-    from tinylab.probes import story_examples
-    from tinylab.tokenizer import Tokenizer
+    from tinylab.data.dataset_spec import STORY_FEATURES
+    from tinylab.data.pretokenized import dataset_dir
+    from tinylab.data.tokenizer import Tokenizer
+    from tinylab.eval.probes import story_examples
     tok = Tokenizer(os.path.join(a.data_cache_dir, f"tok{a.vocab_size}.model"))
     test = story_examples(dataset_dir(a.data_cache_dir, a.vocab_size, "pretrain-all"), "test", a.probe_test, a.seed,
                           tok, a.max_seq_len)
@@ -292,7 +292,7 @@ def plot(a, curve, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tinylab.fileio import atomic_file
+    from tinylab.core.fileio import atomic_file
     rows = [("score", f"generation score\n({a.feature} asked, judged)"), ("task", f"task loss\n(recovery-{a.feature})"),
             ("complement", f"complement loss\n(filter-{a.feature})"), ("adversarial", f"adversarial loss\n(filter-adv-{a.feature})")]
     cols = [("pretraining", ("pretrain", "control")), ("deletion", ("delete",)), ("recovery", ("recover", "recover_control"))]
@@ -393,7 +393,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     guard_parsed(p, a, force=False, tool="experiments/deletion_recovery.py")
-    from tinylab.feature_judge import check_feature, make_judge
+    from tinylab.eval.feature_judge import check_feature, make_judge
     check_feature(a.feature)
     if a.jobs not in (1, 2):
         raise UserError(f"--jobs must be 1 or 2, got {a.jobs}")
@@ -432,7 +432,7 @@ def main(argv=None):
                f"Runtime {runtime / 60:.1f} min with --jobs={a.jobs} (load average {load0:.1f} at the start"
                + (f"; {reused} steps reused from an earlier run" if reused else "") + "); CPU time of the setup "
                f"and the longer lane {idle_estimate / 60:.1f} min, the estimate for 2 idle cores.")
-    from tinylab.fileio import write_atomic
+    from tinylab.core.fileio import write_atomic
     write_atomic(os.path.join(a.out_dir, "results.md"), md.encode())
     results = {"feature": a.feature, "runtime_s": round(runtime, 1), "idle_2core_estimate_s": round(idle_estimate, 1),
                "lane_cpu_s": lane_cpu, "load_average_start": load0, "load_average_end": os.getloadavg()[0],

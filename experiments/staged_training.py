@@ -75,15 +75,15 @@ import torch  # noqa: E402
 import grow as grow_cli  # noqa: E402  (the commands, run in-process)
 import train  # noqa: E402
 from model import ModelArgs  # noqa: E402
-from tinylab import growth  # noqa: E402
-from tinylab.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from tinylab.config import ArgParser  # noqa: E402
-from tinylab.errors import UserError, cli_main  # noqa: E402
-from tinylab.metrics import read_metrics  # noqa: E402
-from tinylab.optim import lr_at  # noqa: E402
-from tinylab.outputs import guard_file, guard_folder, move_aside  # noqa: E402
-from tinylab.pretokenized import BatchLoader, dataset_dir  # noqa: E402
+from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from tinylab.core.config import ArgParser  # noqa: E402
+from tinylab.core.errors import UserError, cli_main  # noqa: E402
+from tinylab.core.metrics import read_metrics  # noqa: E402
+from tinylab.core.outputs import guard_file, guard_folder, move_aside  # noqa: E402
+from tinylab.data.pretokenized import BatchLoader, dataset_dir  # noqa: E402
+from tinylab.growth import operators as growth  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
+from tinylab.training.optim import lr_at  # noqa: E402
 
 VOCAB = 512
 TARGET = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=384)

@@ -7,7 +7,7 @@
     models          tiny_model, save_tiny_checkpoint
     data            fixtures tiny_corpus and lab_corpus (session-scoped, read-only), t0_setup
                     (make_t0_setup, t0_args)
-    run outputs     read_metrics, records, train_losses (metrics.jsonl through tinylab.metrics)
+    run outputs     read_metrics, records, train_losses (metrics.jsonl through tinylab.core.metrics)
 
 Tests run with one torch thread, as the subprocesses did (OMP_NUM_THREADS=1): tiny models are
 fastest so, and a 2-core machine shared with other jobs does not oversubscribe. Tests that take
@@ -62,7 +62,7 @@ def run_main(script, argv, cwd=None, env=None, check=False):
     import importlib
     import io
 
-    from tinylab.errors import cli_main
+    from tinylab.core.errors import cli_main
     module = importlib.import_module(script[:-3].replace("/", "."))
     out, err = io.StringIO(), io.StringIO()
     code = 0
@@ -153,7 +153,7 @@ def save_tiny_checkpoint(path, model=None, cache_dir=None, config=None, **fields
     model_args, iter_num 0 and a config naming its tokenizer: the data cache `cache_dir` (so
     cache_dir/tok{vocab}.model), or else the released tok8192 directly. `config` replaces that
     config, `fields` add or replace top-level entries (iter_num, optimizer, ...)."""
-    from tinylab import checkpoint as ckpt_lib
+    from tinylab.core import checkpoint as ckpt_lib
     model = tiny_model() if model is None else model
     vocab = model.params.vocab_size
     if config is None:
@@ -197,8 +197,8 @@ def save_tiny_gpt2(folder, n_positions=64, n_head=4, n_embd=32, seed=0):
 
 def read_metrics(run):
     """Every record of a run's metrics.jsonl (`run`: the run folder or the file), read with
-    tinylab.metrics.read_metrics; unlike it, a line that is not a JSON record fails the test."""
-    from tinylab import metrics
+    tinylab.core.metrics.read_metrics; unlike it, a line that is not a JSON record fails the test."""
+    from tinylab.core import metrics
     path = os.path.join(run, "metrics.jsonl") if os.path.isdir(run) else run
     rows = metrics.read_metrics(path, notice=False)
     lines = [line for line in open(path, "rb").read().split(b"\n") if line.strip()]
@@ -233,8 +233,8 @@ def tiny_corpus(tmp_path_factory):
     import shutil
     from types import SimpleNamespace
 
-    from tinylab import tinystories_data as tinystories
-    from tinylab.dataset_spec import parse_spec
+    from tinylab.data import tinystories_data as tinystories
+    from tinylab.data.dataset_spec import parse_spec
 
     cache = str(tmp_path_factory.mktemp("tiny_corpus"))
     num_shards, per_shard = 3, 300
@@ -262,8 +262,8 @@ def lab_corpus(tiny_corpus, tmp_path_factory):
     import shutil
     from types import SimpleNamespace
 
-    from tinylab import tinystories_data as tinystories
-    from tinylab.dataset_spec import parse_spec
+    from tinylab.data import tinystories_data as tinystories
+    from tinylab.data.dataset_spec import parse_spec
 
     cache = str(tmp_path_factory.mktemp("lab_corpus"))
     raw = os.path.join(cache, "TinyStories_all_data")
@@ -288,7 +288,7 @@ def make_t0_setup(root):
     """root/demo/mixture.json (+ task files: the built-in multitask set, 40 training and 10
     validation rows per task) and root/base/ckpt.pt (a tiny random base model, max_seq_len 128,
     naming the released tok8192); returns (mixture, base_dir)."""
-    from tinylab.t0_demo import write_demo_data
+    from tinylab.t0.demo import write_demo_data
     demo, base = os.path.join(root, "demo"), os.path.join(root, "base")
     write_demo_data(demo, seed=0, n_train=40, n_valid=10)
     save_tiny_checkpoint(os.path.join(base, "ckpt.pt"), tiny_model(max_seq_len=128))

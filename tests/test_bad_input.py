@@ -1,4 +1,4 @@
-"""Bad input at every command line, against the project's standard (tinylab/errors.py): one line on
+"""Bad input at every command line, against the project's standard (tinylab/core/errors.py): one line on
 stderr starting with "error: ", a non-zero exit (2 for a UserError, 1 for an OSError, 130 for
 Ctrl-C), no traceback, and nothing lost: every file that existed before is byte-identical
 afterwards and no temp file (.tmp*) is left.
@@ -44,12 +44,12 @@ from conftest import (
 )
 
 from model import ModelArgs, Transformer
-from tinylab import checkpoint as ckpt_lib
-from tinylab import memory_budget
-from tinylab.config import Schema
-from tinylab.errors import cli_main
+from tinylab.core import checkpoint as ckpt_lib
+from tinylab.core import memory_budget
+from tinylab.core.config import Schema
+from tinylab.core.errors import cli_main
 from tinylab.schema import FINETUNE_T0, TRAIN
-from tinylab.trainer import Run, Trainer, init_model, training_state
+from tinylab.training.trainer import Run, Trainer, init_model, training_state
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -829,7 +829,7 @@ def test_import_never_replaces_a_training_checkpoint_cli(world, tmp_path):
 def test_second_process_on_a_locked_out_dir_exits_at_once(world, tmp_path):
     """The lock is held (here by this test process): a second train.py exits at once with one line
     naming the holder's pid; grow.py into the same folder too; nothing of the run changes."""
-    from tinylab.rundir import RunDir
+    from tinylab.core.rundir import RunDir
 
     ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
     run_folder(ctx)
@@ -885,7 +885,7 @@ def test_ctrl_c_during_setup(world, tmp_path):
 
 def test_ctrl_c_before_main_starts():
     """Ctrl-C while a command's modules still load (before cli_main; importing torch alone takes
-    seconds): the same one line and exit 130, not an import traceback (tinylab/errors.py)."""
+    seconds): the same one line and exit 130, not an import traceback (tinylab/core/errors.py)."""
     proc = run_cli(["-c", "import tinylab\nraise KeyboardInterrupt"], timeout=60)
     assert_error(proc, 130, "error: interrupted")
 
@@ -893,7 +893,7 @@ def test_ctrl_c_before_main_starts():
 def test_ctrl_c_during_pretokenize_with_workers(world, tmp_path):
     """SIGINT to the process group of a pretokenize --workers=2 that takes a couple of seconds:
     one line, exit 130, no temp folder or file left, the raw shards untouched, no dataset."""
-    from tinylab import tinystories_data
+    from tinylab.data import tinystories_data
 
     cache = str(tmp_path / "cache")
     tinystories_data.synthesize(cache, num_shards=5, stories_per_shard=6000, seed=0, workers=1)
@@ -951,7 +951,7 @@ def test_lambada_leaves_out_a_word_longer_than_the_window(world, tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 2
 
 
-# ---------------------------------------------------------------------- the output guard (tinylab/outputs.py)
+# ---------------------------------------------------------------------- the output guard (tinylab/core/outputs.py)
 #
 # Every entry point's output flags are collected from its parsers (the ones main() builds and the
 # schemas the module defines), never listed by hand: a flag that looks like an output must be
@@ -1285,13 +1285,13 @@ SNIFFED = [(b"\x89PNG\r\n\x1a\n....", "x.png", {"png"}), (b'{"a": 1}\n', "x.json
 
 @pytest.mark.parametrize("data,name,tags", SNIFFED, ids=[f"{n}-{'-'.join(sorted(t))}" for _, n, t in SNIFFED])
 def test_sniff_tells_a_files_kind_by_its_content(data, name, tags, tmp_path):
-    from tinylab.outputs import sniff
+    from tinylab.core.outputs import sniff
     write(P(str(tmp_path), name), data)
     assert sniff(P(str(tmp_path), name)) == tags
 
 
 def test_sniff_knows_a_torch_checkpoint_whatever_its_name(tmp_path):
-    from tinylab.outputs import guard_file, sniff
+    from tinylab.core.outputs import guard_file, sniff
     path = training_ckpt(P(str(tmp_path), "renamed.json"))
     assert sniff(path) == {"torch"}
     with pytest.raises(Exception, match="training checkpoint"):
@@ -1830,7 +1830,7 @@ raise RuntimeError("no GPU")
 
 SCHEMA_AT_RUN_TIME = """\
 import json, os
-from tinylab.config import Schema
+from tinylab.core.config import Schema
 SCHEMA = Schema.from_defaults("p.py", dict(learning_rate=0.001, batch_size=8, out_dir="out/{batch_size}"))
 if __name__ == "__main__":
     cfg = SCHEMA.parse()
@@ -1988,13 +1988,13 @@ def test_ctrl_c_during_training_ends_with_the_error_line(script, world, tmp_path
 # Sizes that cannot fit, allocation failures, and runs that fail before doing any work.
 #
 # - Values too large for this machine (a huge dim, max_seq_len, batch_size, ...) are refused before
-#   anything is built or written, with one line naming the key (tinylab/memory_budget.py), at every
+#   anything is built or written, with one line naming the key (tinylab/core/memory_budget.py), at every
 #   command that allocates by them; "this machine's memory" is pretended small where the cases'
 #   values are sane (the evaluation tools' batches are bounded by their data).
-# - An allocation that still fails is one line, exit 1 (tinylab/errors.py); other errors stay
+# - An allocation that still fails is one line, exit 1 (tinylab/core/errors.py); other errors stay
 #   tracebacks.
 # - A new run that fails before any work leaves no folder, and the same command then runs; a run
-#   that logged training records keeps its folder (tinylab/rundir.py).
+#   that logged training records keeps its folder (tinylab/core/rundir.py).
 # - The estimate against independent references: model.num_params(), the bytes autograd saves
 #   (saved_tensors_hooks), the optimizers' real state, and a measured peak RSS.
 
@@ -2301,7 +2301,7 @@ def test_activation_checkpointing_keeps_each_blocks_input():
 
 @pytest.mark.parametrize("optimizer, beta1", [("adamw", 0.0), ("adafactor", 0.0), ("adafactor", 0.9)])
 def test_optimizer_state_is_the_real_state(optimizer, beta1):
-    from tinylab.optim import build_optimizer
+    from tinylab.training.optim import build_optimizer
     args = SHAPES[1]
     cfg = {**TRAIN.defaults(), **args, "optimizer": optimizer, "adafactor_beta1": beta1, "adafactor_relative_step": False}
     model = Transformer(ModelArgs(**args))
@@ -2319,8 +2319,8 @@ PEAK = r"""
 import json, resource, sys, torch
 sys.path.insert(0, sys.argv[1])
 from model import ModelArgs, Transformer
-from tinylab import memory_budget
-from tinylab.optim import build_optimizer
+from tinylab.core import memory_budget
+from tinylab.training.optim import build_optimizer
 from tinylab.schema import TRAIN
 torch.set_num_threads(1)
 B = int(sys.argv[2])

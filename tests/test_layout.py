@@ -94,9 +94,9 @@ def test_library_and_evaluation_never_import_entry_scripts():
 def test_the_graph_is_read_correctly():
     """The checks above must be able to fail: the known edges are seen."""
     mods, edges = graph()
-    assert "tinylab.trainer" in edges["train"] and "model" in edges["tinylab.checkpoint"]
-    assert "tinylab.optim" in edges["tinylab.growth"] and "tinylab.adafactor" in edges["tinylab.optim"]
-    assert "evaluation.eval_features" in entry_scripts(mods) and "tinylab.trainer" not in entry_scripts(mods)
+    assert "tinylab.training.trainer" in edges["train"] and "model" in edges["tinylab.core.checkpoint"]
+    assert "tinylab.training.optim" in edges["tinylab.growth.operators"] and "tinylab.training.adafactor" in edges["tinylab.training.optim"]
+    assert "evaluation.eval_features" in entry_scripts(mods) and "tinylab.training.trainer" not in entry_scripts(mods)
 
 
 def test_nothing_points_outside_the_repository():

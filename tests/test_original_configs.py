@@ -11,7 +11,7 @@ import shutil
 import pytest
 from conftest import REPO, TOK8192, records, run_main, save_tiny_checkpoint, tiny_model
 
-from tinylab.dataset_spec import infer_pretokenize_flags, parse_spec
+from tinylab.data.dataset_spec import infer_pretokenize_flags, parse_spec
 from tinylab.schema import TRAIN
 
 ORIGINAL = ["base8M", "base30M", "base91M", "base210M", "base91M_fs_delete", "base91M_fs_recover", "base91M_tw_delete",
@@ -31,7 +31,7 @@ def parsed(name):
 @pytest.fixture(scope="module")
 def corpus(tiny_corpus, tmp_path_factory):
     """tiny_corpus's raw shards with every dataset the 13 configs name, and a tiny base model."""
-    from tinylab import tinystories_data
+    from tinylab.data import tinystories_data
     cache = str(tmp_path_factory.mktemp("original_configs"))
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))
     shutil.copy(TOK8192, os.path.join(cache, "tok8192.model"))

@@ -1,4 +1,4 @@
-"""CPU speed settings (tinylab/perf.py) and bench/train.py's whole-program comparison with
+"""CPU speed settings (tinylab/core/perf.py) and bench/train.py's whole-program comparison with
 llama2.c: that both programs get the same work (llama2.c's configurator accepts every value with
 its default's type), and that the per-iteration lines of both are read; bench/generation.py's
 whole-process runs."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO, run_cli, run_main
 
-from tinylab.perf import retain_freed_memory
+from tinylab.core.perf import retain_freed_memory
 from tinylab.schema import TRAIN
 
 
@@ -26,7 +26,7 @@ def load_bench():
 # a fresh process: the suite's earlier tests leave big freed blocks in this one's heap
 REUSE_PROBE = """
 import resource, sys, torch
-from tinylab.perf import retain_freed_memory
+from tinylab.core.perf import retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
 def faults():

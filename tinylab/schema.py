@@ -11,11 +11,11 @@ The machinery (parsing, validation, --help) is config.py's. Cross-key rules are 
 below the declarations; everything is checked before a run writes anything.
 """
 from model import ATTENTION_IMPLS, flex_attention
-from tinylab.config import Key, Schema, check_device
-from tinylab.dataset_spec import FEATURES, STORY_FEATURES
-from tinylab.distributed import PARALLELISMS, check_fsdp_setting
-from tinylab.errors import UserError
-from tinylab.growth import (
+from tinylab.core.config import Key, Schema, check_device
+from tinylab.core.distributed import PARALLELISMS, check_fsdp_setting
+from tinylab.core.errors import UserError
+from tinylab.data.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.growth.operators import (
     C_DEPTH,
     C_WIDTH,
     PLACEMENTS,
@@ -25,10 +25,10 @@ from tinylab.growth import (
     parse_grow_schedule,
     unreachable_growth,
 )
-from tinylab.growth import MODES as GROW_MODES
-from tinylab.megatron_data import check_weighted_splits
-from tinylab.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
-from tinylab.t0_data import MAX_PACK_BUFFER, MIXINGS, NORMALIZATIONS, PACKINGS, TRUNCATE_SIDES, TRUNCATIONS
+from tinylab.growth.operators import MODES as GROW_MODES
+from tinylab.t0.data import MAX_PACK_BUFFER, MIXINGS, NORMALIZATIONS, PACKINGS, TRUNCATE_SIDES, TRUNCATIONS
+from tinylab.t0.megatron import check_weighted_splits
+from tinylab.training.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
 
 INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name for resume_train
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -119,7 +119,7 @@ MODEL = [
     Key("tie_embeddings", True, "share the token embedding with the output head (llama2.c)"),
 ]
 
-# the original's auxiliary heads on a frozen model (tinylab/probes.py; docs/evaluation.md, "Probes and lenses in training")
+# the original's auxiliary heads on a frozen model (tinylab/eval/probes.py; docs/evaluation.md, "Probes and lenses in training")
 HEADS = [
     Key("probes", False, "train per-layer linear feature probes on blocks 0..n_layers-2 of the frozen model (story-only "
         "inputs, BCE on the Features labels): loss/<key>/probe_<i>, acc/<key>/probe_<i>, acc/<key>/feat_<j>/probe_<i>"),

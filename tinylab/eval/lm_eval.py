@@ -1,0 +1,145 @@
+"""Language modelling on pretokenized TinyStories datasets (train.py): which data layout and
+tokenizer a config means, and the evaluation the loop runs every eval_interval: mean losses on
+fixed batches of named datasets, and generations from the instruction headers of test examples
+(logged as tables, optionally judged for a feature).
+"""
+import math
+import os
+from types import SimpleNamespace
+
+import torch
+
+from tinylab.core.progress import progress
+from tinylab.data.dataset_spec import dataset_dir, extract_story, header_end
+from tinylab.data.pretokenized import BatchLoader, check_dataset
+from tinylab.data.tokenizer import Tokenizer, tokenizer_model_path
+from tinylab.eval.common import layout_vocab
+from tinylab.eval.feature_judge import FeatureScore, make_judge
+from tinylab.schema import TRAIN
+
+
+def dataset_vocab(cfg):
+    """The vocab number of the data layout (0 = Llama 2) and the model's vocabulary size."""
+    if cfg["vocab_source"] == "llama2":
+        return 0, 32000
+    return cfg["vocab_size"], cfg["vocab_size"]
+
+
+def lm_tokenizer(cfg) -> Tokenizer:
+    """The tokenizer of the config's data layout (or its explicit tokenizer_model)."""
+    layout_vocab, _ = dataset_vocab(cfg)
+    return Tokenizer(tokenizer_model_path(cfg["data_cache_dir"], layout_vocab, cfg["tokenizer_model"] or None))
+
+
+class LMEvaluator:
+    """Mean LM loss on fixed batches of the train split, the test split and each eval dataset's
+    test split; and, when asked, generations from BOS-aligned test prompts of every dataset."""
+
+    def __init__(self, cfg, run, tokenizer):
+        self.cfg, self.run, self.tokenizer = cfg, run, tokenizer
+        self.logger = None
+        vocab, _ = dataset_vocab(cfg)
+        main_dir = dataset_dir(cfg["data_cache_dir"], vocab, cfg["dataset_name"])
+        self.loss_sets = {"train": (main_dir, "train"), "test": (main_dir, "test")}
+        self.gen_sets = {"id": main_dir}
+        for name in cfg["eval_dataset_names"]:
+            self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
+            self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
+        if cfg["generation_datasets"]:  # (checked against the datasets by schema.py)
+            self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in cfg["generation_datasets"]}
+        self.feature_score = None
+        if cfg["feature_eval"] and run.master:
+            self.feature_score = FeatureScore(make_judge(cfg["feature_eval"], cfg["data_cache_dir"], flag="feature_eval"))
+            print(f"feature_eval={cfg['feature_eval']}: judge {self.feature_score.judge.description}")
+
+    def loader(self, data_dir, split, batch_size, split_on_bos=False):
+        cfg = self.cfg
+        return BatchLoader(data_dir, split, batch_size, cfg["max_seq_len"], seed=cfg["seed"],
+                           split_on_bos=split_on_bos, bos_id=self.tokenizer.bos_id, device=self.run.device,
+                           split_shards_pretrain=cfg["split_shards_pretrain"] and split != "test",
+                           pretraining=cfg["pretraining"])
+
+    def __call__(self, model, iter_num, generations):
+        metrics = self.loss_metrics(model)
+        if generations and self.cfg["max_new_tokens"] > 0 and self.cfg["generation_eval_iters"] > 0:
+            for name, data_dir in self.gen_sets.items():
+                rows = self.generate(model, data_dir, iter_num)
+                if self.feature_score is not None:
+                    self.feature_score.add(name, rows)
+                if self.logger is not None:
+                    self.logger.log_table(f"generations/{name}", ["prefix", "clean_prefix", "generation", "target", "iter_num"], rows, iter_num)
+            if self.feature_score is not None:  # among prompts asking for the feature: pooled and per dataset
+                metrics.update(self.feature_score.metrics())
+        return metrics
+
+    def loss_metrics(self, model):
+        """loss/<name> of every loss set (probes.HeadsEvaluator has its heads' metrics instead)."""
+        metrics = {}
+        for name, (data_dir, split) in self.loss_sets.items():
+            # a fresh loader re-seeds identically: the same batches at every evaluation
+            batches = self.loader(data_dir, split, self.cfg["eval_batch_size"] or self.cfg["batch_size"])
+            losses = torch.zeros(self.cfg["eval_iters"])
+            for k in range(self.cfg["eval_iters"]):
+                x, y = next(batches)
+                model(x, y, return_logits=False)
+                losses[k] = model.last_loss.float()
+            metrics[f"loss/{name}"] = losses.mean().item()
+        return metrics
+
+    def generate(self, model, data_dir, iter_num):
+        """Sample stories for the instruction headers of BOS-aligned test examples."""
+        cfg, tok = self.cfg, self.tokenizer
+        n_prompts = cfg["generation_eval_iters"] * cfg["generation_batch_size"]
+        windows = self.loader(data_dir, "test", cfg["generation_batch_size"], split_on_bos=True)
+        prompts, targets = [], []
+        for _ in range(10 * n_prompts):  # bounded: a tiny max_seq_len may never hold a header
+            if len(prompts) >= n_prompts:
+                break
+            x, _ = next(windows)
+            for row in x.tolist():
+                try:
+                    h = header_end(row, tok)
+                except ValueError:  # the window is too short to hold the whole header
+                    continue
+                prompts.append(row[:h])
+                targets.append(extract_story(row[h:], tok))
+        prompts, targets = prompts[:n_prompts], targets[:n_prompts]
+        if not prompts:
+            print(f"warning: no test window of {data_dir} holds a whole header within max_seq_len; no generations")
+        rows = []
+        gen = torch.Generator(device=self.run.device).manual_seed(cfg["seed"] + iter_num)
+        bs = cfg["generation_batch_size"]
+        for start in progress(range(0, len(prompts), bs), desc=f"generating ({os.path.basename(data_dir)})",
+                              unit="batch", leave=False):
+            chunk = prompts[start:start + bs]
+            longest = max(len(p) for p in chunk)
+            idx = torch.zeros(len(chunk), longest, dtype=torch.long)
+            mask = torch.zeros(len(chunk), longest, dtype=torch.bool)
+            for i, p in enumerate(chunk):  # left padding: every prompt ends where generation starts
+                idx[i, longest - len(p):] = torch.tensor(p)
+                mask[i, longest - len(p):] = True
+            # a row stops at BOS, which starts the next example: extract_story cuts there anyway.
+            # Past max_seq_len the window restarts from the last half (model.generate)
+            out = model.generate(idx.to(self.run.device), cfg["max_new_tokens"], temperature=cfg["temperature"],
+                                 top_k=cfg["top_k"] or None, prompt_mask=mask.to(self.run.device), generator=gen,
+                                 stop_token=tok.bos_id)
+            for i, p in enumerate(chunk):
+                prefix = tok.decode(p)
+                generation = extract_story(out[i, longest:].tolist(), tok)
+                rows.append([prefix, prefix.strip(), generation, targets[start + i], iter_num])
+        return rows
+
+
+def generate_rows(model, tokenizer, ckpt, data_cache_dir, dataset, num_samples, batch_size, max_new_tokens,
+                  temperature, top_k, seed):
+    """Generation rows for the first num_samples BOS-aligned test prompts of `dataset`, made by
+    train.py's own generation evaluation (same prompt choice, sampling and story extraction)."""
+    vocab = layout_vocab(ckpt, tokenizer)
+    check_dataset(data_cache_dir, vocab, dataset, tokenizer.model_path)
+    cfg = dict(TRAIN.defaults(), data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom",
+               vocab_size=vocab, dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len,
+               seed=seed, generation_batch_size=batch_size, generation_eval_iters=math.ceil(num_samples / batch_size),
+               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
+    run = SimpleNamespace(device=str(next(model.parameters()).device), master=True)
+    rows = LMEvaluator(cfg, run, tokenizer).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)
+    return rows[:num_samples]

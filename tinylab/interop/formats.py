@@ -1,0 +1,575 @@
+"""Model formats shared with other tools: llama2.c .bin files (v0 legacy, v1 fp32, v2 int8 Q8_0),
+run.c's tokenizer .bin, and Hugging Face Llama folders (safetensors), both ways.
+
+Formats: docs/interop.md. Two layouts of the same network meet here: llama2.c/Meta rotate
+adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2); the rows of wq and wk are
+permuted per head on the way to HF and back on the way in (k with n_kv_heads), which keeps every
+q.k dot product, and therefore the logits, unchanged. export.py is the command line.
+Every output is written under a temporary name and renamed, so a failure leaves nothing half-written.
+"""
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+import torch
+
+from model import ModelArgs, Transformer, precompute_freqs_cis
+from tinylab.core.checkpoint import FORMAT_VERSION, load_weights, model_args_dict
+from tinylab.core.errors import UserError, first_line
+from tinylab.core.fileio import (  # temp name + rename; a failure leaves nothing
+    atomic_file,
+    building_dir,
+)
+
+MAGIC = 0x616B3432  # "ak42", header of the v1/v2 files
+HEADER_BYTES = 256
+LEGACY_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len
+# what run.c / runq.c hard-code; a model trained with other values still exports, with a warning
+RUNC_NORM_EPS, RUNC_ROPE_THETA = 1e-5, 10000.0
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json")
+
+
+def _fp32_bytes(t):
+    return t.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4", copy=False).tobytes()
+
+
+# ---------------------------------------------------------------------- llama2.c .bin (docs/interop.md section 1)
+
+def shared_classifier(model: Transformer) -> bool:
+    # llama2.c's test: an untied head that happens to equal the embedding is written once too
+    return bool(torch.equal(model.tok_embeddings.weight, model.output.weight))
+
+
+def _layer_tensors(model, name):
+    """`name` of every layer in order ('attention.wq' -> [layer0.attention.wq.weight, ...])."""
+    return [layer.get_submodule(name).weight for layer in model.layers]
+
+
+def _header_fields(model, vocab_size):
+    p = model.params
+    hidden_dim = model.layers[0].feed_forward.w1.weight.shape[0]  # the real row count, not the rule
+    return (p.dim, hidden_dim, p.n_layers, p.n_heads, p.kv_heads(), vocab_size, p.max_seq_len)
+
+
+def _v1_header(model, version, group_size=None):
+    header = struct.pack("<Ii", MAGIC, version) + LEGACY_HEADER.pack(*_header_fields(model, model.params.vocab_size))
+    header += struct.pack("<B", int(shared_classifier(model)))
+    if group_size is not None:
+        header += struct.pack("<i", group_size)  # byte 37, unaligned, as llama2.c writes it
+    return header + b"\0" * (HEADER_BYTES - len(header))
+
+
+def _matrices(model):
+    """Weight matrices in the v1/v2 order (v0 uses the same per-kind order with norms mixed in)."""
+    mats = [model.tok_embeddings.weight]
+    for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
+        mats += _layer_tensors(model, name)
+    if not shared_classifier(model):
+        mats.append(model.output.weight)
+    return mats
+
+
+def _norms(model):
+    return _layer_tensors(model, "attention_norm") + _layer_tensors(model, "ffn_norm") + [model.norm.weight]
+
+
+def write_v0(model, f):
+    p = model.params
+    shared = shared_classifier(model)
+    f.write(LEGACY_HEADER.pack(*_header_fields(model, p.vocab_size if shared else -p.vocab_size)))
+    tensors = [model.tok_embeddings.weight]
+    for name in ("attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
+        tensors += _layer_tensors(model, name)
+    # run.c skips the RoPE tables but still expects them in the file
+    tensors += [model.norm.weight, model.freqs_cos[:p.max_seq_len], model.freqs_sin[:p.max_seq_len]]
+    if not shared:
+        tensors.append(model.output.weight)
+    for t in tensors:
+        f.write(_fp32_bytes(t))
+
+
+def write_v1(model, f):
+    f.write(_v1_header(model, 1))
+    for t in _norms(model) + _matrices(model):
+        f.write(_fp32_bytes(t))
+
+
+def quantize_q80(w, group_size):
+    """Symmetric int8 per group of `group_size` consecutive values (row-major).
+    Returns (int8 values, fp32 scales, max |w - q*scale|). An all-zero group gets scale 0 and
+    q = 0 (llama2.c would compute 0/0 = NaN there; depth-grown models have zero wo/w2)."""
+    w = w.detach().to(torch.float32).reshape(-1, group_size)
+    scale = w.abs().amax(dim=1) / 127.0
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / divisor[:, None]).clamp(-127, 127).to(torch.int8)
+    err = (q.to(torch.float32) * scale[:, None] - w).abs().max().item()
+    return q, scale, err
+
+
+def v2_group_size(dim, group_size=64):
+    while dim % group_size:
+        group_size //= 2
+    return group_size
+
+
+def write_v2(model, f, group_size=64, log=print):
+    """Q8_0 file for runq.c; returns the largest per-element quantisation error."""
+    group_size = v2_group_size(model.params.dim, group_size)
+    mats = _matrices(model)
+    for w in mats:
+        if w.numel() % group_size:
+            raise UserError(f"a weight of shape {tuple(w.shape)} is not a multiple of the Q8_0 group size {group_size}")
+    f.write(_v1_header(model, 2, group_size))
+    for t in _norms(model):
+        f.write(_fp32_bytes(t))
+    max_err = 0.0
+    for i, w in enumerate(mats):
+        q, scale, err = quantize_q80(w, group_size)
+        # per tensor: its int8 values then its scales (the current llama2.c layout)
+        f.write(q.numpy().tobytes())
+        f.write(_fp32_bytes(scale))
+        max_err = max(max_err, err)
+        log(f"{i + 1}/{len(mats)} quantized {tuple(w.shape)} to Q8_0 (group size {group_size}) with max error {err:.6g}")
+    log(f"max quantization error across all weights: {max_err:.9g}")
+    return max_err
+
+
+def export_bin(model, path, version, group_size=64, log=print):
+    """Write llama2.c file version 0, 1 or 2 (atomically)."""
+    p = model.params
+    if p.norm_eps != RUNC_NORM_EPS or p.rope_theta != RUNC_ROPE_THETA:
+        print(f"warning: run.c assumes norm_eps={RUNC_NORM_EPS} and rope_theta={RUNC_ROPE_THETA:g}; this model has "
+              f"norm_eps={p.norm_eps} and rope_theta={p.rope_theta:g}, which the .bin cannot record", file=sys.stderr)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with torch.no_grad(), atomic_file(path) as f:
+        if version == 0:
+            write_v0(model, f)
+        elif version == 1:
+            write_v1(model, f)
+        else:
+            write_v2(model, f, group_size, log=log)
+    log(f"wrote {path} (llama2.c v{version}, {os.path.getsize(path)} bytes)")
+
+
+def read_bin(path):
+    """Parse a llama2.c v0/v1/v2 file into (ModelArgs, state dict of fp32 tensors); v2 weights are
+    dequantised. The file size must match the header exactly."""
+    if not os.path.isfile(path):
+        raise UserError(f"llama2.c model file not found: {path}")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < LEGACY_HEADER.size:
+        raise UserError(f"{path} is too short to be a llama2.c model file ({len(data)} bytes)")
+    magic, version = struct.unpack_from("<Ii", data, 0)
+    if magic == MAGIC:
+        if version not in (1, 2) or len(data) < HEADER_BYTES:
+            raise UserError(f"{path}: unsupported llama2.c file version {version} (1 and 2 are known)")
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = LEGACY_HEADER.unpack_from(data, 8)
+        shared = bool(data[36])
+        group_size = struct.unpack_from("<i", data, 37)[0] if version == 2 else None
+        offset = HEADER_BYTES
+    else:
+        version = 0
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = LEGACY_HEADER.unpack_from(data, 0)
+        shared, vocab = vocab > 0, abs(vocab)
+        offset = LEGACY_HEADER.size
+    if min(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len) <= 0 or dim % n_heads or n_heads % n_kv:
+        raise UserError(f"{path} is not a llama2.c model file (implausible header: dim={dim}, hidden_dim={hidden}, n_layers={n_layers}, "
+                        f"n_heads={n_heads}, n_kv_heads={n_kv}, vocab_size={vocab}, max_seq_len={seq_len})")
+    head_dim = dim // n_heads
+    kv_dim = n_kv * head_dim
+    shapes = {"tok_embeddings": (vocab, dim), "attention.wq": (dim, dim), "attention.wk": (kv_dim, dim),
+              "attention.wv": (kv_dim, dim), "attention.wo": (dim, dim), "feed_forward.w1": (hidden, dim),
+              "feed_forward.w2": (dim, hidden), "feed_forward.w3": (hidden, dim)}
+    if version == 2 and (group_size <= 0 or dim % group_size):
+        raise UserError(f"{path}: Q8_0 group size {group_size} does not divide dim {dim}")
+
+    # the tensors in file order, as (state-dict name, shape, kind)
+    # kind "f": always fp32; "m": a matrix, Q8_0 in v2
+    def per_layer(name, shape, kind):
+        return [(f"layers.{i}.{name}.weight", shape, kind) for i in range(n_layers)]
+    norms = per_layer("attention_norm", (dim,), "f") + per_layer("ffn_norm", (dim,), "f") + [("norm.weight", (dim,), "f")]
+    mats = [("tok_embeddings.weight", shapes["tok_embeddings"], "m")]
+    for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
+        mats += per_layer(name, shapes[name], "m")
+    head = [] if shared else [("output.weight", (vocab, dim), "m")]
+    rope = [("freqs_cos", (seq_len, head_dim // 2), "f"), ("freqs_sin", (seq_len, head_dim // 2), "f")]
+    if version == 0:
+        order = [mats[0]]
+        for name in ("attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                     "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
+            order += [t for t in norms + mats if t[0].endswith(f".{name}.weight")]
+        order += [norms[-1]] + rope + head
+    else:
+        order = norms + mats + head
+
+    def nbytes(shape, kind):
+        n = int(np.prod(shape))
+        return n * 4 if (kind == "f" or version != 2) else n + (n // group_size) * 4
+    expected = offset + sum(nbytes(s, k) for _, s, k in order)
+    if expected != len(data):
+        raise UserError(f"{path}: {len(data)} bytes, but its v{version} header describes a {expected}-byte file")
+
+    state = {}
+    for name, shape, kind in order:
+        n = int(np.prod(shape))
+        if kind == "m" and version == 2:
+            q = np.frombuffer(data, dtype=np.int8, count=n, offset=offset).astype(np.float32)
+            scale = np.frombuffer(data, dtype="<f4", count=n // group_size, offset=offset + n)
+            arr = (q.reshape(-1, group_size) * scale[:, None]).reshape(shape)
+        else:
+            arr = np.frombuffer(data, dtype="<f4", count=n, offset=offset).reshape(shape)
+        offset += nbytes(shape, kind)
+        state[name] = torch.from_numpy(arr.astype(np.float32))  # copies out of the read-only buffer
+    if shared:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    if version == 0:
+        # the tables record theta; the formats after v0 do not and run.c assumes 10000
+        cos, sin = precompute_freqs_cis(head_dim, seq_len, RUNC_ROPE_THETA)
+        if not (torch.allclose(state.pop("freqs_cos"), cos, atol=1e-5) and torch.allclose(state.pop("freqs_sin"), sin, atol=1e-5)):
+            raise UserError(f"{path}: its RoPE tables are not those of rope_theta={RUNC_ROPE_THETA:g}; cannot import")
+    args = ModelArgs(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=vocab,
+                     hidden_dim=hidden, max_seq_len=seq_len, tie_embeddings=shared,
+                     norm_eps=RUNC_NORM_EPS, rope_theta=RUNC_ROPE_THETA)
+    return args, state
+
+
+# ---------------------------------------------------------------------- tokenizer .bin
+
+def load_sentencepiece(model_path):
+    import sentencepiece as spm
+    if not os.path.isfile(model_path):
+        raise UserError(f"tokenizer model not found: {model_path}")
+    try:
+        return spm.SentencePieceProcessor(model_file=model_path)
+    except (RuntimeError, OSError) as e:
+        raise UserError(f"{model_path} is not a sentencepiece model ({first_line(e, 120)})")
+
+
+def export_tokenizer(model_path, out_path, log=print):
+    """run.c's tokenizer file: uint32 max_token_length, then per id: f32 score, i32 length, bytes."""
+    sp = load_sentencepiece(model_path)
+    tokens, scores = [], []
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        if i == sp.bos_id():
+            piece = "\n<s>\n"
+        elif i == sp.eos_id():
+            piece = "\n</s>\n"
+        tokens.append(piece.replace("\u2581", " ").encode("utf-8"))
+        scores.append(sp.get_score(i))
+    max_len = max(len(t) for t in tokens)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with atomic_file(out_path) as f:
+        f.write(struct.pack("<I", max_len))
+        for b, s in zip(tokens, scores):
+            f.write(struct.pack("<fi", s, len(b)))
+            f.write(b)
+    log(f"wrote {out_path} ({len(tokens)} tokens, max token length {max_len})")
+
+
+# ---------------------------------------------------------------------- HF Llama (docs/interop.md sections 2-3)
+
+def permute_rope(w, n_heads):
+    """Meta/llama2.c rows -> HF rows within each head: HF row j*(h/2)+i <- Meta row 2i+j."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def unpermute_rope(w, n_heads):
+    """The inverse of permute_rope (HF -> Meta)."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+# ours -> HF, per layer; q and k additionally get the RoPE row permutation
+HF_LAYER_NAMES = {
+    "attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+    "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj",
+}
+
+
+def hf_state_dict(model, permute=True):
+    """HF-named fp32 tensors; `permute=False` exists only for the test's negative control."""
+    p = model.params
+    out = {"model.embed_tokens.weight": model.tok_embeddings.weight}
+    for i, layer in enumerate(model.layers):
+        for ours, theirs in HF_LAYER_NAMES.items():
+            w = layer.get_submodule(ours).weight
+            if permute and ours == "attention.wq":
+                w = permute_rope(w, p.n_heads)
+            elif permute and ours == "attention.wk":
+                w = permute_rope(w, p.kv_heads())
+            out[f"model.layers.{i}.{theirs}.weight"] = w
+    out["model.norm.weight"] = model.norm.weight
+    if not shared_classifier(model):
+        out["lm_head.weight"] = model.output.weight  # tied: HF re-ties on load, safetensors refuses aliases
+    return {k: v.detach().to(torch.float32).contiguous() for k, v in out.items()}
+
+
+def _transformers_version():
+    try:
+        from importlib.metadata import version
+        return version("transformers")
+    except Exception:  # not installed: the export does not need it
+        return "5.0.0"
+
+
+def hf_config(model, bos_id=1, eos_id=2):
+    p = model.params
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": p.vocab_size,
+        "hidden_size": p.dim,
+        "intermediate_size": model.layers[0].feed_forward.w1.weight.shape[0],
+        "num_hidden_layers": p.n_layers,
+        "num_attention_heads": p.n_heads,
+        "num_key_value_heads": p.kv_heads(),
+        "head_dim": p.dim // p.n_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": p.max_seq_len,
+        "rms_norm_eps": p.norm_eps,  # explicit: HF's default 1e-6 differs from llama2.c's 1e-5
+        # transformers 4.x reads the first two, 5.x the third; writing both serves either
+        "rope_theta": float(p.rope_theta),
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(p.rope_theta)},
+        "tie_word_embeddings": shared_classifier(model),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": None,
+        "pretraining_tp": 1,
+        "use_cache": True,
+        "torch_dtype": "float32",
+        "transformers_version": _transformers_version(),
+    }
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def write_safetensors(f, tensors):
+    """safetensors without the package: u64 header length, JSON header, raw little-endian data."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, t in tensors.items():
+        n = t.numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
+    f.write(struct.pack("<Q", len(raw)))
+    f.write(raw)
+    for t in tensors.values():
+        f.write(_fp32_bytes(t))
+
+
+def read_safetensors(path):
+    """All tensors of a safetensors file. The header is checked against the file before any byte is
+    used, so a truncated or damaged file is refused by name, never read as zeros or garbage."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 120)})")
+    if len(data) < 8:
+        raise UserError(f"{path} is not a safetensors file ({len(data)} bytes, too short for the header length)")
+    (n,) = struct.unpack_from("<Q", data, 0)
+    if n > len(data) - 8:
+        raise UserError(f"{path} is truncated or not a safetensors file (its header length {n} exceeds the {len(data)}-byte file)")
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise UserError(f"{path} is not a safetensors file (header is not JSON: {first_line(e, 120)})")
+    if not isinstance(header, dict):
+        raise UserError(f"{path} is not a safetensors file (header is not a JSON object)")
+    data_len = len(data) - 8 - n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor {name}"
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise UserError(f"{where} has a malformed header entry (needs dtype, shape and data_offsets [begin, end])")
+        dtype = SAFETENSORS_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None:
+            raise UserError(f"{where} has unsupported dtype {dtype_name!r} (known: {', '.join(SAFETENSORS_DTYPES)})")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(begin, int) and isinstance(end, int)):
+            raise UserError(f"{where} has a malformed shape {shape!r} or data_offsets {info['data_offsets']!r}")
+        if not 0 <= begin <= end <= data_len:
+            raise UserError(f"{where}: bytes [{begin}, {end}) lie outside the {data_len}-byte data section (truncated file?)")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if end - begin != nbytes:
+            raise UserError(f"{where}: {end - begin} bytes for shape {shape} of {dtype_name}, which needs {nbytes}")
+        # bytearray: a writable copy (torch.frombuffer refuses empty buffers, hence the 0-element case)
+        buf = bytearray(data[8 + n + begin:8 + n + end])
+        out[name] = torch.frombuffer(buf, dtype=dtype).reshape(shape) if buf else torch.empty(shape, dtype=dtype)
+    return out
+
+
+def read_torch_weights(path):
+    """A pytorch_model.bin (or one of its shards): a dict of tensors, or a one-line error."""
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # on arbitrary bytes the unpickler raises almost anything (IndexError, KeyError, ...)
+        raise UserError(f"{path} is not a readable PyTorch weights file ({first_line(e, 120)})")
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise UserError(f"{path} is not a PyTorch state dict (expected a dict of tensors)")
+    return sd
+
+
+def export_hf(model, out_dir, tokenizer=None, permute=True, log=print):
+    bos_id, eos_id = 1, 2
+    if tokenizer is not None:
+        sp = load_sentencepiece(tokenizer)
+        bos_id, eos_id = sp.bos_id(), sp.eos_id()
+        special = {"bos_token": sp.id_to_piece(bos_id), "eos_token": sp.id_to_piece(eos_id), "unk_token": sp.id_to_piece(sp.unk_id())}
+        if sp.get_piece_size() != model.params.vocab_size:
+            print(f"warning: tokenizer has {sp.get_piece_size()} pieces, the model's vocab_size is {model.params.vocab_size}", file=sys.stderr)
+    if os.path.exists(out_dir):
+        # the folder is replaced as a whole: only if it holds nothing but an earlier export
+        if not os.path.isdir(out_dir):
+            raise UserError(f"{out_dir} exists and is not a folder")
+        foreign = sorted(set(os.listdir(out_dir)) - set(HF_FILES))
+        if foreign:
+            raise UserError(f"{out_dir} already holds other files ({', '.join(foreign[:3])}); choose a new or empty folder")
+    config = hf_config(model, bos_id, eos_id)
+    with torch.no_grad(), building_dir(out_dir) as tmp:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": bos_id, "eos_token_id": eos_id, "transformers_version": config["transformers_version"]}, f, indent=2)
+        with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+            write_safetensors(f, hf_state_dict(model, permute))
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, os.path.join(tmp, "tokenizer.model"))
+            tok_config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+                          **special, "pad_token": None, "model_max_length": model.params.max_seq_len, "legacy": True,
+                          "clean_up_tokenization_spaces": False}
+            with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+                json.dump(tok_config, f, indent=2)
+    log(f"wrote {out_dir} (HF LlamaForCausalLM, fp32 safetensors{', tokenizer' if tokenizer else ''})")
+
+
+def _hf_weights(hf_dir):
+    """All tensors of an HF directory: model.safetensors, sharded safetensors, or pytorch_model.bin."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = os.path.join(hf_dir, index_name)
+        if os.path.isfile(index):
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise UserError(f"{index} is not a readable shard index ({first_line(e, 120)})")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise UserError(f"{index}: weight_map is not a mapping of tensor names to shard files")
+            files = sorted(set(weight_map.values()))
+            # every shard must be there: importing only some would leave weights missing or mixed
+            for name in files:
+                if not os.path.isfile(os.path.join(hf_dir, name)):
+                    raise UserError(f"{os.path.join(hf_dir, name)} not found (a shard named in {index_name})")
+            break
+    else:
+        files = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(hf_dir, n))][:1]
+    if not files:
+        raise UserError(f"{hf_dir} has no model.safetensors or pytorch_model.bin")
+    weights = {}
+    for name in files:
+        path = os.path.join(hf_dir, name)
+        weights.update(read_safetensors(path) if name.endswith(".safetensors") else read_torch_weights(path))
+    return weights
+
+
+def hf_model_args(config, where):
+    """ModelArgs from an HF config.json dict, refusing what our model cannot represent."""
+    arch = config.get("architectures") or []
+    if arch and "LlamaForCausalLM" not in arch:
+        raise UserError(f"{where}: unsupported architecture {', '.join(map(str, arch))} (only LlamaForCausalLM can be imported)")
+    if not arch and config.get("model_type") != "llama":
+        raise UserError(f"{where}: unsupported model_type {config.get('model_type')!r} (only llama / LlamaForCausalLM can be imported)")
+    try:
+        dim, n_heads = config["hidden_size"], config["num_attention_heads"]
+        args = dict(dim=dim, n_layers=config["num_hidden_layers"], n_heads=n_heads,
+                    n_kv_heads=config.get("num_key_value_heads") or n_heads, vocab_size=config["vocab_size"],
+                    hidden_dim=config["intermediate_size"], max_seq_len=config.get("max_position_embeddings", 2048),
+                    norm_eps=config.get("rms_norm_eps", 1e-6))  # 1e-6: LlamaConfig's default when absent
+    except KeyError as e:
+        raise UserError(f"{where} lacks the field {e.args[0]}")
+    rope = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if scaling or rope_type != "default":
+        raise UserError(f"{where}: RoPE scaling {scaling or rope_type!r} is not supported (plain RoPE only)")
+    args["rope_theta"] = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    unsupported = [f"{k}={config[k]!r}" for k, ok in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False))
+                   if config.get(k, ok) != ok]
+    if config.get("head_dim") not in (None, dim // n_heads):
+        unsupported.append(f"head_dim={config['head_dim']} (ours is hidden_size/num_attention_heads = {dim // n_heads})")
+    if unsupported:
+        raise UserError(f"{where}: unsupported Llama variant: {', '.join(unsupported)}")
+    return args
+
+
+def read_hf(hf_dir):
+    """(ModelArgs, our state dict) from an HF Llama directory."""
+    cfg_path = os.path.join(hf_dir, "config.json")
+    if not os.path.isdir(hf_dir):
+        raise UserError(f"HF model folder not found: {hf_dir}")
+    if not os.path.isfile(cfg_path):
+        raise UserError(f"{hf_dir} has no config.json (not a Hugging Face model folder)")
+    try:
+        with open(cfg_path) as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise UserError(f"{cfg_path} is not valid JSON ({e})")
+    args = hf_model_args(config, cfg_path)
+    hf = {k: v.to(torch.float32) for k, v in _hf_weights(hf_dir).items()}
+    state = {}
+
+    def take(name):
+        if name not in hf:
+            raise UserError(f"{hf_dir}: weights lack {name}")
+        return hf[name]
+    state["tok_embeddings.weight"] = take("model.embed_tokens.weight")
+    for i in range(args["n_layers"]):
+        for ours, theirs in HF_LAYER_NAMES.items():
+            w = take(f"model.layers.{i}.{theirs}.weight")
+            if ours == "attention.wq":
+                w = unpermute_rope(w, args["n_heads"])
+            elif ours == "attention.wk":
+                w = unpermute_rope(w, args["n_kv_heads"])  # k has only the kv heads (GQA)
+            state[f"layers.{i}.{ours}.weight"] = w
+    state["norm.weight"] = take("model.norm.weight")
+    head = hf.get("lm_head.weight")
+    tied = head is None or torch.equal(head, state["tok_embeddings.weight"])
+    state["output.weight"] = state["tok_embeddings.weight"] if tied else head
+    return ModelArgs(**args, tie_embeddings=tied), {k: v.contiguous() for k, v in state.items()}
+
+
+def imported_checkpoint(args: ModelArgs, state, source):
+    """An ordinary checkpoint at iteration 0 with no optimizer state (what resume_model loads)."""
+    model = Transformer(args)
+    load_weights(model, state)  # the tie is real again: output.weight is tok_embeddings.weight
+    margs = model_args_dict(model)
+    margs["n_kv_heads"] = args.kv_heads()
+    config = {k: margs[k] for k in ("vocab_size", "max_seq_len", "dim", "n_layers", "n_heads", "n_kv_heads",
+                                    "multiple_of", "dropout")}
+    return {"model": model.state_dict(), "model_args": margs, "iter_num": 0, "best_val_loss": 1e9,
+            "config": config, "optimizer": None, "format_version": FORMAT_VERSION, "imported_from": source}
+
+
+def import_output_path(out):
+    return out if out.endswith(".pt") else os.path.join(out, "ckpt.pt")

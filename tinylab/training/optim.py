@@ -1,0 +1,342 @@
+"""Optimizers, their presets and learning-rate schedules, shared by every driver.
+
+Every function here reads a whole config (schema.py's keys; callers that build one by hand start
+from `TRAIN.defaults()`). build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D
+parameters only, as llama2.c; fused on CUDA and CPU, foreach elsewhere) or Adafactor
+(adafactor.py). Parameter groups are defined by role (`group["role"]`: "decay" / "no_decay"),
+never by the decay's value, and carry the parameter *names* (`group["param_names"]`), so a
+checkpoint's optimizer state is mapped by name (state_for: resume_train, reset_progress; growth),
+and optional per-parameter overrides {name: {"lr_scale": s, "eps": e, "weight_decay_scale": w,
+"clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is the schedule: constant,
+or linear warmup + cosine to min_lr, optionally moved back after growth with a linear re-warmup
+from 0 (docs/growth.md §6.3). apply_optimizer_preset fills in the settings of a named recipe
+(T0's Adafactor, HF's T5 Adafactor, BLOOMZ's Adam).
+"""
+import math
+import sys
+
+import torch
+
+from tinylab.core.errors import UserError
+from tinylab.training.adafactor import Adafactor
+
+OPTIMIZERS = ("adamw", "adafactor")
+
+def param_groups(model, weight_decay, overrides=None):
+    """Parameter groups by role: "decay" (tensors with >= 2 dims: matrices, embeddings; weight
+    decay `weight_decay` x the override's weight_decay_scale) and "no_decay" (1-D: norm gains;
+    weight decay 0), each split further by the per-parameter overrides that change an update
+    (lr_scale, eps, weight_decay_scale). The layout never depends on the decay's value, so a run
+    with another weight_decay has the same groups. Each group lists its parameter names."""
+    overrides = overrides or {}
+    groups = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        ov = overrides.get(name, {})
+        role = "decay" if p.dim() >= 2 else "no_decay"
+        scale = ov.get("weight_decay_scale", 1.0) if role == "decay" else None
+        key = (role, ov.get("lr_scale", 1.0), ov.get("eps"), scale)
+        g = groups.setdefault(key, {"params": [], "param_names": [], "role": role,
+                                    "weight_decay": weight_decay * scale if role == "decay" else 0.0,
+                                    "lr_scale": ov.get("lr_scale", 1.0)})
+        if ov.get("eps") is not None:
+            g["eps"] = ov["eps"]
+        g["params"].append(p)
+        g["param_names"].append(name)
+    return list(groups.values())
+
+
+def build_optimizer(model, cfg, overrides=None):
+    """The optimizer named by cfg['optimizer'] over `model`'s parameters."""
+    name = cfg["optimizer"]
+    if name not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
+    lr = cfg["learning_rate"]
+    if name == "adamw":
+        groups = param_groups(model, cfg["weight_decay"], overrides)
+        device_type = next(model.parameters()).device.type
+        # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
+        # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
+        extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["adam_eps"], **extra)
+    return adafactor_from_config(model, cfg, overrides)
+
+
+def optimizer_param_names(optimizer):
+    """Names of the optimizer's parameters in state-dict index order."""
+    return [n for g in optimizer.param_groups for n in g["param_names"]]
+
+
+# ---------------------------------------------------------------------- optimizer state of a checkpoint
+
+# per-parameter state entries with a parameter-derived shape (AdamW's moments; Adafactor's moments,
+# factored second moments and fp32 master copy)
+PARAM_SHAPED_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master", "exp_avg_sq_row", "exp_avg_sq_col")
+
+
+def _state_shape(key, shape):
+    if key == "exp_avg_sq_row":
+        return shape[:-1]
+    if key == "exp_avg_sq_col":
+        return shape[:-2] + shape[-1:]
+    return shape
+
+
+def _unfit(detail):
+    return UserError(f"the checkpoint's optimizer state does not fit this model's parameters: {detail}; start with "
+                     f"a fresh optimizer instead (init_from=resume_model, without reset_progress)")
+
+
+def _saved_by_name(optimizer, saved, saved_names):
+    """{parameter name: (its saved per-parameter state, {} if none; the saved group it was in)} of
+    a checkpoint's optimizer state dict `saved`, whose parameters `saved_names` lists in
+    state-dict index order. Without names (llama2.c's checkpoints) the positions are taken as
+    this optimizer's, when its groups have the same sizes."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in saved["param_groups"])):
+        raise _unfit("it is not a torch optimizer state dict (a 'state' dict and a 'param_groups' list of groups "
+                     "with 'params')")
+    groups = saved["param_groups"]
+    if saved_names is None:
+        sizes, now = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
+        if sizes != now:
+            raise _unfit(f"no param_names, and its parameter groups have sizes {sizes}, this model's {now}")
+        saved_names = optimizer_param_names(optimizer)
+    if not (isinstance(saved_names, (list, tuple)) and all(isinstance(n, str) for n in saved_names)):
+        raise _unfit(f"param_names is a {type(saved_names).__name__}, not a list of parameter names")
+    twice = sorted(n for n in set(saved_names) if saved_names.count(n) > 1)
+    if twice:
+        raise _unfit(f"param_names lists {twice[0]} more than once")
+    # torch numbers the parameters 0, 1, ... through the groups in order: the positions of param_names
+    flat = [i for g in groups for i in g["params"]]
+    if not (all(type(i) is int for i in flat) and sorted(flat) == list(range(len(saved_names)))):
+        raise _unfit(f"its groups hold {len(flat)} parameter indices, its param_names lists {len(saved_names)} names")
+    group_of = {i: g for g in groups for i in g["params"]}
+    stray = [k for k in saved["state"] if k not in group_of]
+    if stray:
+        raise _unfit(f"state at index {stray[0]!r:.40}, but param_names has indices 0-{len(saved_names) - 1}")
+    out = {}
+    for i, name in enumerate(saved_names):
+        st = saved["state"].get(i, {})
+        if not isinstance(st, dict):
+            raise _unfit(f"the state of {name} is a {type(st).__name__}, not a dict")
+        out[name] = (st, group_of[i])
+    return out
+
+
+def state_for(optimizer, saved, saved_names):
+    """A checkpoint's optimizer state dict laid out for `optimizer` (for its load_state_dict):
+    per parameter of `optimizer`, the saved state (moments, step counts) of the parameter of the
+    same name; the groups and their settings are `optimizer`'s own, i.e. the config's. Mapping by
+    name makes the checkpoint's group layout irrelevant (older checkpoints grouped parameters by
+    their settings, so changing weight_decay to 0 changed the order). A parameter without saved
+    state, a saved parameter this model lacks, or a moment of another shape is a UserError naming
+    the parameter."""
+    by_name = _saved_by_name(optimizer, saved, saved_names)
+    names = optimizer_param_names(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise _unfit(f"no state for {missing[0]} ({len(missing)} of this model's {len(names)} parameters missing)")
+    extra = sorted(set(by_name) - set(names))
+    if extra:
+        raise _unfit(f"state for {extra[0]}, which this model does not have ({len(extra)} such)")
+    state = {}
+    for i, (name, p) in enumerate(zip(names, params)):
+        st = by_name[name][0]
+        for key in PARAM_SHAPED_STATE:
+            if key not in st:
+                continue
+            want = _state_shape(key, tuple(p.shape))
+            if not torch.is_tensor(st[key]) or tuple(st[key].shape) != want:
+                got = tuple(st[key].shape) if torch.is_tensor(st[key]) else type(st[key]).__name__
+                raise _unfit(f"{key} of {name} has shape {got}, the parameter needs {want}")
+        if st:
+            state[i] = st
+    return {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+
+
+def changed_settings(optimizer, saved, saved_names):
+    """["key old -> new", ...]: the group settings of `optimizer` (weight_decay, betas, eps,
+    lr_scale, ...) that differ from those of the saved group each parameter was in (sorted, each
+    once; the learning rate is the schedule's and is not compared). Call it after state_for has
+    accepted the state (every parameter has a saved group)."""
+    by_name = _saved_by_name(optimizer, saved, saved_names)
+    changed = set()
+    for group in optimizer.param_groups:
+        for name in group["param_names"]:
+            old = by_name[name][1]
+            for k, v in group.items():
+                if k not in ("params", "param_names", "role", "lr", "initial_lr") and old.get(k) != v:
+                    changed.add(f"{k} {old.get(k)} -> {v}")
+    return sorted(changed)
+
+
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
+def lr_at(it, cfg, rewarmup=None):
+    """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it).
+
+    The schedule (`schedule_lr`) is read at position pos = it - shift. After growth
+    (docs/growth.md §6.3) `rewarmup` = {"start": R0, "iters": R_w, "shift": k, "ramp_from": R,
+    "base_lr": lr0} re-warms linearly: for R <= pos < R + R_w the rate is
+    (pos - R) / R_w * schedule(R + R_w), a ramp from 0 at position R to the schedule's value at
+    R + R_w, then the schedule. Target mode puts R at the growth iteration's position (S_target,
+    so the first step after growth has LR 0); grow.py --restart_steps S puts R = S and the first
+    step at S + 1, which is staged-training's get_restart_linear_schedule_with_warmup exactly.
+    `base_lr` (grow.py without --reset_lr_scheduler) keeps the small run's peak learning rate,
+    as a restored LambdaLR keeps its base_lrs.
+    """
+    if not rewarmup:
+        return schedule_lr(it, cfg)
+    if rewarmup.get("base_lr") is not None:
+        cfg = {**cfg, "learning_rate": rewarmup["base_lr"]}
+    shift, iters = rewarmup.get("shift", 0), rewarmup.get("iters", 0)
+    pos = it - shift
+    ramp_from = rewarmup.get("ramp_from", rewarmup.get("start", 0) - shift)
+    if iters > 0 and ramp_from <= pos < ramp_from + iters:
+        return (pos - ramp_from) / iters * schedule_lr(ramp_from + iters, cfg)
+    return schedule_lr(pos, cfg)
+
+
+def schedule_lr(pos, cfg):
+    """The configured schedule at position `pos`:
+      lr_scheduling=False or decay_lr=False   constant learning_rate (the *_no_lrs configs)
+      cosine     linear warmup over warmup_iters (llama2.c's (pos+1)/(warmup+1)), then cosine to
+                 min_lr at lr_decay_iters (0 = max_iters), min_lr after
+      linear     transformers' get_linear_schedule_with_warmup: pos/warmup during the warmup, then
+                 a straight line to min_lr at lr_decay_iters (staged-training's schedule)
+      constant   the same linear warmup as linear, then constant learning_rate
+    """
+    lr = cfg["learning_rate"]
+    if not (cfg["lr_scheduling"] and cfg["decay_lr"]):
+        return lr
+    kind, warmup, min_lr = cfg["lr_schedule"], cfg["warmup_iters"], cfg["min_lr"]
+    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+    if kind == "cosine":
+        if pos < warmup:
+            return lr * (pos + 1) / (warmup + 1)
+        if pos > decay_iters:
+            return min_lr
+        ratio = (pos - warmup) / max(1, decay_iters - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    if pos < warmup:
+        return lr * pos / max(1, warmup)
+    if kind == "constant":
+        return lr
+    return min_lr + (lr - min_lr) * max(0.0, (decay_iters - pos) / max(1, decay_iters - warmup))
+
+
+def clip_grad_norm(model, max_norm, overrides=None):
+    """torch.nn.utils.clip_grad_norm_, except that a parameter with an override "clip_weight" w
+    adds w * |grad|^2 to the squared norm: after exact width growth the norm is measured in the
+    small model's units, so clipping scales the gradients exactly as it would have there."""
+    weights = {n: ov["clip_weight"] for n, ov in (overrides or {}).items() if "clip_weight" in ov}
+    if not weights:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grads = [(weights.get(n, 1.0), p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    total = torch.stack([w * g.detach().pow(2).sum() for w, g in grads]).sum().sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for _, g in grads:
+        g.detach().mul_(coef.to(g.dtype))
+    return total
+
+
+def set_lr(optimizer, lr):
+    for g in optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+
+
+# ---------------------------------------------------------------------- presets
+
+_ADAFACTOR_HF = {"adafactor_clip_threshold": 1.0, "adafactor_decay_rate": -0.8,
+                 "adafactor_beta1": 0.0, "adafactor_warmup_init": False,
+                 "adafactor_relative_step": False, "adafactor_eps1": 1e-30, "adafactor_eps2": 1e-3}
+
+
+ADAFACTOR_PRESETS = {
+    # T0 (Mesh-TF): constant 1e-3 relative to each tensor's RMS, no warmup, no weight decay, no
+    # global grad-norm clipping (update clipping replaces it).
+    "t0": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": True,
+           "learning_rate": 1e-3, "lr_scheduling": False, "warmup_iters": 0,
+           "weight_decay": 0.0, "grad_clip": 0.0},
+    # HF's T5 finetuning recipe: absolute steps of 1e-3 (about 50x t0's on std-0.02 matrices),
+    # reached by the config's linear warmup (warmup_iters is left as configured) and then held
+    # constant (min_lr = learning_rate turns the cosine into a constant), no extra clipping.
+    "hf_t5": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": False,
+              "learning_rate": 1e-3, "lr_scheduling": True, "decay_lr": True,
+              "weight_decay": 0.0, "grad_clip": 0.0},
+}
+
+
+OPTIMIZER_PRESETS = {
+    **ADAFACTOR_PRESETS,
+    # BLOOMZ finetuning (tr13-mtf): Adam(0.9, 0.95) eps 1e-8, constant 2e-5, no warmup,
+    # weight decay 1e-4 (matrices only), grad-norm clip 1.0.
+    "bloomz_adam": {"optimizer": "adamw", "learning_rate": 2e-5, "lr_scheduling": False,
+                    "warmup_iters": 0, "weight_decay": 1e-4, "grad_clip": 1.0,
+                    "beta1": 0.9, "beta2": 0.95, "adam_eps": 1e-8},
+}
+
+
+def apply_optimizer_preset(cfg, defaults=None):
+    """A new config with the preset named by cfg['adafactor_preset'] filled in ("" = no preset).
+
+    Sets exactly the keys of OPTIMIZER_PRESETS[name] (optimizer, learning_rate, lr_scheduling,
+    warmup_iters (not hf_t5), decay_lr (hf_t5), weight_decay, grad_clip, the adafactor_* keys or
+    AdamW's beta1/beta2/adam_eps) and, for hf_t5, min_lr = learning_rate.
+    With `defaults` (the driver's default config), a key whose value differs from its default
+    was chosen by the user (config file or --key=value) and is kept, e.g.
+    `--adafactor_preset=t0 --learning_rate=3e-4`; `optimizer` must then agree with the preset.
+    Without `defaults` the preset overwrites every key it names.
+    """
+    name = cfg["adafactor_preset"]
+    out = dict(cfg)
+    if not name:
+        return out
+    if name not in OPTIMIZER_PRESETS:
+        raise UserError(f"unknown adafactor_preset '{name}' (choose from "
+                        f"{', '.join(OPTIMIZER_PRESETS)}, or '' for none)")
+    preset = OPTIMIZER_PRESETS[name]
+    for key, value in preset.items():
+        user_set = defaults is not None and key in cfg and key in defaults and cfg[key] != defaults[key]
+        if user_set and key == "optimizer" and cfg[key] != value:
+            raise UserError(f"adafactor_preset={name} uses optimizer={value}, "
+                            f"but optimizer={cfg[key]} was set")
+        if not user_set:
+            out[key] = value
+    if name == "hf_t5":
+        out["min_lr"] = out["learning_rate"]
+        print("notice: adafactor_preset=hf_t5 takes absolute steps (scale_parameter=False), about 50x larger "
+              f"than t0's on std-0.02 matrices; keep a warmup (warmup_iters={out['warmup_iters']})", file=sys.stderr)
+    return out
+
+
+def adafactor_from_config(model, cfg, overrides=None):
+    """Adafactor over `model` from the adafactor_* config keys (see the module docstring).
+
+    Parameter groups are optim.param_groups' (names, lr_scale, weight decay on >= 2-D tensors);
+    with relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True
+    lr is None (the step size comes from the step count; learning_rate is ignored). eps is HF's
+    pair (adafactor_eps1, adafactor_eps2): eps1 added to G^2, eps2 the RMS floor of the step size.
+    """
+    c = cfg
+    overrides = overrides or {}
+    eps_overrides = sorted(n for n, ov in overrides.items() if ov.get("eps") is not None)
+    if eps_overrides:
+        raise UserError(f"per-parameter eps overrides (e.g. {eps_overrides[0]}) are AdamW-only "
+                        f"(exact growth continuation); use optimizer=adamw")
+    groups = param_groups(model, c["weight_decay"], overrides)
+    relative = bool(c["adafactor_relative_step"])
+    lr = None if relative else c["learning_rate"]
+    if not relative:
+        for g in groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+    beta1 = c["adafactor_beta1"]
+    return Adafactor(groups, lr=lr, eps=(c["adafactor_eps1"], c["adafactor_eps2"]),
+                     clip_threshold=c["adafactor_clip_threshold"],
+                     decay_rate=c["adafactor_decay_rate"], beta1=beta1 if beta1 else None,
+                     scale_parameter=bool(c["adafactor_scale_parameter"]), relative_step=relative,
+                     warmup_init=bool(c["adafactor_warmup_init"]))
