@@ -1,7 +1,7 @@
 """The one output guard: every file or folder a command writes where a user named it, or into a
 folder a user owns, is checked here, before any work.
 
-The rule (README, "What is never lost"):
+The rule (README, "The run folder and what is never lost"):
   - a new output is written atomically (fileio.py: a temp name beside it, fsync, rename);
   - an existing file is replaced only with --force (or the tool's documented equivalent, e.g.
     finetune_t0.py's --overwrite=True); an existing folder output is then moved aside to
