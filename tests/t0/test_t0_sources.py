@@ -68,7 +68,7 @@ def test_the_registry_decides_each_sources_kind(tmp_path):
     other.write_text("inputs,targets\n")
     for probe in (lambda s: s.kind, read_records):
         with pytest.raises(UserError, match=r"'notes.txt' \(.*notes.txt\): unsupported file type '\.txt' "
-                                            r"\(json, jsonl or parquet\)"):
+                                            r"\((.*, )?json, jsonl or parquet\)"):  # (and any kind added)
             probe(Source("notes.txt", path=str(other)))
     with pytest.raises(UserError, match="holds token ids, not text records"):
         read_records(prefix)
@@ -127,40 +127,41 @@ def test_one_overlap_check_for_every_kind(tmp_path, tok):
     assert [len(m["examples"]) for g in data.valid for m in g["members"]] == [2, 2]
 
 
-def read_tsv(src):
-    """A toy kind for the test: inputs<TAB>targets lines."""
+def read_pairs(src):
+    """A toy kind for the test: "inputs ||| targets" lines."""
     if not os.path.isfile(src.path):
         raise UserError(f"source {src.describe()}: file {src.path} not found")
     lines = open(src.path).read().splitlines()
-    return [dict(zip(("inputs", "targets"), line.split("\t"))) for line in lines]
+    return [dict(zip(("inputs", "targets"), line.split(" ||| "))) for line in lines]
 
 
 @pytest.fixture
-def tsv_kind(monkeypatch):
-    """A kind registered as a module of its own would register it (undone after the test)."""
-    entry = text_reader("tsv file", read_tsv, handles=lambda src: src.path.endswith(".tsv"), extensions=(".tsv",))
-    monkeypatch.setitem(T0_SOURCES._entries, "tsv", entry)
+def pairs_kind(monkeypatch):
+    """A toy kind, registered as a module of its own would register it (undone after the test)."""
+    entry = text_reader("pairs file", read_pairs, handles=lambda src: src.path.endswith(".pairs"),
+                        extensions=(".pairs",))
+    monkeypatch.setitem(T0_SOURCES._entries, "pairs", entry)
     return entry
 
 
-def test_a_registered_kind_needs_no_other_edit(tmp_path, tok, tsv_kind):
+def test_a_registered_kind_needs_no_other_edit(tmp_path, tok, pairs_kind):
     enc = ExampleEncoder(tok)
-    tsv = tmp_path / "sums.tsv"
-    tsv.write_text("".join(f"What is {i} plus {i}?\t{2 * i}\n" for i in range(8)))
-    assert find_reader(Source("x", path=str(tmp_path / "missing.tsv"))) == ("tsv", tsv_kind)  # before the fallback
+    (tmp_path / "sums.pairs").write_text("".join(f"What is {i} plus {i}? ||| {2 * i}\n" for i in range(8)))
+    assert find_reader(Source("x", path=str(tmp_path / "missing.pairs"))) == ("pairs", pairs_kind)  # before the fallback
     mixture = tmp_path / "mixture.json"
-    mixture.write_text(json.dumps({"train": "2 0:1 sums.tsv, 1 0:1 r.jsonl", "valid": [{"name": "v", "path": "v.tsv"}]}))
+    mixture.write_text(json.dumps({"train": "2 0:1 sums.pairs, 1 0:1 r.jsonl",
+                                     "valid": [{"name": "v", "path": "v.pairs"}]}))
     write_jsonl(tmp_path / "r.jsonl", RECORDS)
-    (tmp_path / "v.tsv").write_text("Is the sky green?\tno\n")
+    (tmp_path / "v.pairs").write_text("Is the sky green? ||| no\n")
     m = read_mixture(str(mixture))
-    assert [(s.name, s.kind) for s in m.train] == [("sums", "tsv"), ("r", "file")]  # named without the extension
+    assert [(s.name, s.kind) for s in m.train] == [("sums", "pairs"), ("r", "file")]  # named without the extension
     assert read_records(m.train[0])[3] == {"inputs": "What is 3 plus 3?", "targets": "6"}
     data = T0Data(m.train, m.valid, enc, ROW, log=no_log)
     assert data.report["train"]["sums"]["examples"] == 8 and data.report["valid"]["v"]["rows"] == 1
     rows = data.stream({"max_seq_len": ROW - 1, "seed": 0, "mixing": "example", "packing": "best_fit",
                         "pack_buffer": 64, "pad_id": 0}).next_rows(4)
     assert {s for row in rows for s, _ in row} == {0, 1}  # both kinds' examples are packed
-    (tmp_path / "v.tsv").write_text("What is 5 plus 5?\t10\nIs the sky green?\tno\n")
+    (tmp_path / "v.pairs").write_text("What is 5 plus 5? ||| 10\nIs the sky green? ||| no\n")
     assert "valid source 'v'" in overlap_error(m.train, read_mixture(str(mixture)).valid, enc)
 
 
