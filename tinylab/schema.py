@@ -2,7 +2,8 @@
 
     TRAIN        train.py (language modelling on pretokenized TinyStories datasets)
     FINETUNE_T0  finetune_t0.py (T0-style multitask finetuning): TRAIN's shared keys, with T0's
-                 defaults, plus its own data / loss / rank-evaluation keys
+                 defaults, plus its own data / loss / rank-evaluation keys and their rules
+                 (declared in tinylab/t0/options.py)
     SAMPLE, GROW, EVAL   the tools' flags (sample.py, grow.py, the evaluation/ scripts), built from
                  the same Key objects where a setting is the same setting
     COMPARE      evaluation/compare_checkpoints.py: EVAL's keys for two or more checkpoints
