@@ -9,24 +9,28 @@
     python finetune_t0.py --preprocess --input=rte.jsonl --output_prefix=data/rte --model_dir=out/base
     python finetune_t0.py --help                              # every config key
 
-Examples of the mixture's training sources are drawn in proportion to their weights, packed
-into rows of max_seq_len + 1 tokens (best-fit decreasing; --packing=next_fit: greedy), attend only within their own example (causal, or
-prefix-LM over the inputs), restart their positions at 0, and are trained on their targets only
-(tinylab/t0/data.py). Validation groups are evaluated on their own fixed rows (loss/valid/<name>) and, when
-they have answer_choices, by rank classification (rank_acc/<name>, tinylab/t0/rank_eval.py); test groups
-once at the end (loss/test/<name>). Megatron-DeepSpeed's indexed datasets and weighted-split arguments are
-read as there (tinylab/t0/megatron.py).
-The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are tinylab/training/trainer.py's; the keys
-are declared in tinylab/schema.py (FINETUNE_T0).
+Examples of the mixture's training sources are drawn in proportion to their weights, packed into
+rows of max_seq_len + 1 tokens (best-fit decreasing; --packing=next_fit: greedy), attend only
+within their own example (causal, or prefix-LM over the inputs), restart their positions at 0,
+and are trained on their targets only (tinylab/t0/: mixture.py, sources/, encode.py, packing.py,
+batches.py). Validation groups are evaluated on their own fixed rows (loss/valid/<name>) and,
+when they have answer_choices, by rank classification (rank_acc/<name>, tinylab/t0/rank_eval.py);
+test groups once at the end (loss/test/<name>). Megatron-DeepSpeed's indexed datasets and
+weighted-split arguments are read as there (tinylab/t0/megatron.py).
+The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are
+tinylab/training/trainer.py's; the keys are assembled in tinylab/schema.py (FINETUNE_T0), T0's
+own declared in tinylab/t0/options.py.
 """
 import os
 
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import Shape, check_training
 from tinylab.schema import FINETUNE_T0
-from tinylab.t0.data import TOKENIZATION_KEYS, ExampleEncoder, T0Batches, mixture_from_config
+from tinylab.t0.batches import T0Batches
 from tinylab.t0.demo import write_demo_data
 from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
+from tinylab.t0.mixture import mixture_from_config
+from tinylab.t0.options import LossOptions, TokenizationOptions
 from tinylab.training.trainer import (
     Run,
     Trainer,
@@ -68,7 +72,7 @@ def main(argv=None):
     # memory for the base model's shape, before anything is built or created
     check_training(cfg, run, Shape.from_model_args(base["model_args"]), packed=True)
     with open_run_folder(cfg, run) as run_dir:
-        encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
+        encoder = TokenizationOptions.from_config(cfg).encoder(tok)
         data = T0Data(mixture.train, mixture.valid, encoder, cfg["max_seq_len"] + 1,
                       log=print if run.master else (lambda *a: None), test=mixture.test)
         seed_everything(cfg["seed"])  # identical initial weights on every rank
@@ -77,8 +81,9 @@ def main(argv=None):
         seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
         world = run.dist.world_size
         stream = data.stream(cfg)
+        loss = LossOptions.from_config(cfg)
         batches = T0Batches(stream, data.train, cfg["batch_size"], cfg["gradient_accumulation_steps"] // world,
-                            run.dist.rank, world, cfg["loss_normalization"], cfg["prefixlm"], run.device,
+                            run.dist.rank, world, loss.normalization, loss.prefixlm, run.device,
                             run.param_dtype, cfg["pad_id"], identity=data.identity(cfg))
         evaluator = T0Evaluator(cfg, run, data, encoder, stream)
         fill = data.stream(cfg)

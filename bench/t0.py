@@ -47,16 +47,11 @@ from optimizers import state_bytes, sync, time_steps  # noqa: E402  (bench/optim
 from model import ModelArgs, Transformer, document_mask  # noqa: E402
 from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 from tinylab.schema import FINETUNE_T0  # noqa: E402
-from tinylab.t0.data import (  # noqa: E402
-    ExampleEncoder,
-    PackedStream,
-    T0Batches,
-    load_mixture,
-    model_inputs,
-    read_records,
-    rows_to_arrays,
-    tokenize_rows,
-)
+from tinylab.t0.batches import T0Batches, model_inputs  # noqa: E402
+from tinylab.t0.encode import ExampleEncoder, tokenize_rows  # noqa: E402
+from tinylab.t0.mixture import load_mixture  # noqa: E402
+from tinylab.t0.packing import PackedStream, rows_to_arrays  # noqa: E402
+from tinylab.t0.sources import read_records  # noqa: E402
 from tinylab.training import optim  # noqa: E402
 from tinylab.training.optim import apply_optimizer_preset  # noqa: E402
 

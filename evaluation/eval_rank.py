@@ -12,7 +12,7 @@ lowest index), and accuracy is reported per group (a dataset x prompt) as `acc`,
 over held-out groups (datasets no training source of the mixture has) and over seen ones, and
 per dataset over its prompts. Last stdout line: {"prefixlm", "score_eos", "groups", "summary"}.
 
-Choices are tokenised exactly as training targets (tinylab/t0_data.ExampleEncoder: one space after the
+Choices are tokenised exactly as training targets (tinylab/t0/encode.py's ExampleEncoder: one space after the
 prompt, no EOS unless --score_eos); the tokenisation settings and prefixlm come from the
 checkpoint's config when it was finetuned with finetune_t0.py. Each (prompt, choice) is its own
 right-padded row with its own attention mask and positions 0.., so batched scores equal scores
@@ -28,7 +28,8 @@ from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import check_model_batch
 from tinylab.eval.common import emit, load_for_args
 from tinylab.schema import EVAL, FINETUNE_T0
-from tinylab.t0.data import TOKENIZATION_KEYS, ExampleEncoder, Source, is_held_out, load_mixture, read_records
+from tinylab.t0.mixture import Source, is_held_out, load_mixture
+from tinylab.t0.options import LossOptions, TokenizationOptions
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, skip_reasons, summarize
 
 SCHEMA = EVAL.derive("evaluation/eval_rank.py", sections=[("rank classification", [
@@ -56,11 +57,11 @@ def _groups_from_args(args):
     return groups
 
 
-def no_usable_records(n_groups, read, reasons, megatron):
-    """The one line for a run in which no group had a record to rank."""
+def no_usable_records(n_groups, read, reasons, no_text):
+    """The one line for a run in which no group had a record to rank; `no_text`: {kind's title:
+    groups skipped} of the source kinds without text records."""
     why = [f"{n} with {reason}" for reason, n in reasons.items()]
-    if megatron:
-        why.append(f"{megatron} Megatron group(s) (token ids, no answer_choices)")
+    why += [f"{n} {title} group(s) (token ids, no answer_choices)" for title, n in no_text.items()]
     return (f"no record to rank: {read} record(s) read from {n_groups} group(s)"
             + (f", skipped: {'; '.join(why)}" if why else " (empty files)")
             + "; rank classification needs inputs, targets and answer_choices that include the target")
@@ -72,16 +73,17 @@ def main(argv=None):
     model, ckpt, tok = load_for_args(args)
     # the tokenisation settings of a finetune_t0.py checkpoint, else finetune_t0.py's defaults
     cfg = {**FINETUNE_T0.defaults(), **(ckpt.get("config") or {})}
-    encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
-    prefixlm = cfg["prefixlm"] if args.prefixlm is None else args.prefixlm
+    encoder = TokenizationOptions.from_config(cfg).encoder(tok)
+    prefixlm = LossOptions.from_config(cfg).prefixlm if args.prefixlm is None else args.prefixlm
     results, accs, held = {}, {}, set()
-    read, reasons, megatron = 0, {}, 0  # what was read and why it was skipped, for the error below
+    read, reasons, no_text = 0, {}, {}  # what was read and why it was skipped, for the error below
     for src, held_out in groups:
-        if src.kind == "megatron":
-            print(f"{src.name}: a Megatron prefix holds token ids, no answer_choices; skipped")
-            megatron += 1
+        reader = src.reader
+        if not reader.gives_records:  # a kind of source without text (a Megatron prefix)
+            print(f"{src.name}: a {reader.title} holds token ids, no answer_choices; skipped")
+            no_text[reader.title] = no_text.get(reader.title, 0) + 1
             continue
-        rows = read_records(src)
+        rows = reader.records(src)
         read += len(rows)
         examples, skipped = rank_examples(rows, encoder, args.score_eos, args.max_examples, args.seed)
         if not examples:
@@ -100,7 +102,7 @@ def main(argv=None):
         tag = " (held out)" if held_out else ""
         print(f"{src.name:24s} acc {r['acc']:.4f}  acc_norm {r['acc_norm']:.4f}  n {r['n']}{tag}")
     if not results:
-        raise UserError(no_usable_records(len(groups), read, reasons, megatron))
+        raise UserError(no_usable_records(len(groups), read, reasons, no_text))
     summary = summarize(accs, held, {g: results[g]["dataset"] for g in results})
     for k, v in summary.items():
         print(f"{k:24s} {v:.4f}")

@@ -2,7 +2,8 @@
 
     TRAIN        train.py (language modelling on pretokenized TinyStories datasets)
     FINETUNE_T0  finetune_t0.py (T0-style multitask finetuning): TRAIN's shared keys, with T0's
-                 defaults, plus its own data / loss / rank-evaluation keys
+                 defaults, plus its own data / loss / rank-evaluation keys and their rules
+                 (declared in tinylab/t0/options.py)
     SAMPLE, GROW, EVAL   the tools' flags (sample.py, grow.py, the evaluation/ scripts), built from
                  the same Key objects where a setting is the same setting
     COMPARE      evaluation/compare_checkpoints.py: EVAL's keys for two or more checkpoints
@@ -26,8 +27,17 @@ from tinylab.growth.operators import (
     unreachable_growth,
 )
 from tinylab.growth.operators import MODES as GROW_MODES
-from tinylab.t0.data import MAX_PACK_BUFFER, MIXINGS, NORMALIZATIONS, PACKINGS, TRUNCATE_SIDES, TRUNCATIONS
-from tinylab.t0.megatron import check_weighted_splits
+from tinylab.t0.options import (
+    PRESET_EXTRAS,
+    T0_DATA,
+    T0_LOSS,
+    T0_MEGATRON,
+    T0_START,
+    check_megatron,
+    check_reset_progress,
+    check_start,
+    loads_model,
+)
 from tinylab.training.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
 
 INIT_FROM = ("scratch", "resume_train", "resume_model", "resume")  # "resume": llama2.c's name for resume_train
@@ -331,45 +341,10 @@ TRAIN = Schema("train.py", [
 
 # ---------------------------------------------------------------------- finetune_t0.py
 
-T0_DATA = [
-    Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
-        "(docs/t0.md)", input=True),
-    Key("make_demo_data", "", "write the built-in multitask set to this folder and exit (an existing one is moved "
-        "aside only with --overwrite=True)", output="demo_data"),
-    Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
-        choices=MIXINGS),
-    TOKENIZER_MODEL.replace(help="'' = the tokenizer named by the base checkpoint's config"),
-    Key("add_bos", True, "BOS before every input (our models were pretrained with one per document)"),
-    Key("target_space", True, "exactly one space between input and target (False: the target text as is)"),
-    Key("add_eos", True, "EOS after every target (what makes generation stop)"),
-    Key("max_input_len", 1024, "input limit in tokens (BOS included; T0's)", range=COUNT),
-    Key("max_target_len", 256, "target limit in tokens (EOS included; T0's)", range=COUNT),
-    Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
-    Key("truncate_side", "left", "which part of a too-long input is kept: left = BOS + its last tokens (the question) "
-        "| right = its first max_input_len tokens (Mesh-TF / seqio, as T0 was trained)", choices=TRUNCATE_SIDES),
-    Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order that "
-        "keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: the earlier greedy packer, "
-        "examples in draw order (~0.85-0.88 full)", choices=PACKINGS),
-    Key("pack_buffer", 2000, "packing=best_fit: examples packed together (more = fuller rows, more work per chunk)",
-        range=f"[1, {MAX_PACK_BUFFER}]"),
-    Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
-    BATCH_SIZE.replace(default=16, help="packed rows per micro-batch"),
-    MAX_SEQ_LEN.replace(default=0, range=NONNEG, help="row length L (rows hold L + 1 tokens); 0 = the base model's"),
-    Key("pretrain_text", "", "a pretokenized dataset folder whose test shard's LM loss is logged as "
-        "loss/valid/pretrain_text (forgetting; not in loss/valid)", input=True),
-]
-T0_LOSS = [
-    Key("prefixlm", False, "input tokens of an example attend to each other both ways"),
-    Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)",
-        choices=NORMALIZATIONS),
-    Key("rank_eval_examples", 200, "rank-classification examples per validation group with answer_choices; "
-        "0 disables", range=NONNEG),
-    Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),
-    Key("score_eos", False, "also score each choice's EOS"),
-    Key("attention_impl", "auto", "packed rows' attention, built from their segment ids at each forward: sdpa (a "
-        "mask per forward) | flex (FlexAttention's block mask; CUDA: torch has no flex backward on the CPU) | "
-        "auto = flex on CUDA, sdpa elsewhere", choices=ATTENTION_IMPLS),
-]
+# finetune_t0.py's own keys and their rules are declared in tinylab/t0/options.py; attention_impl is the model's
+ATTENTION_IMPL = Key("attention_impl", "auto", "packed rows' attention, built from their segment ids at each forward: "
+                     "sdpa (a mask per forward) | flex (FlexAttention's block mask; CUDA: torch has no flex backward "
+                     "on the CPU) | auto = flex on CUDA, sdpa elsewhere", choices=ATTENTION_IMPLS)
 
 
 def check_attention_impl(cfg):
@@ -385,67 +360,10 @@ def check_attention_impl(cfg):
                         f"attention_impl=sdpa")
 
 
-def _megatron_split_keys():
-    """Megatron's data arguments in its spelling (docs/t0.md, "Megatron-DeepSpeed's data and arguments")."""
-    keys = []
-    for split, what in (("train", "the training blend"), ("valid", "validation groups, each evaluated on its own"),
-                        ("test", "test groups, evaluated once at the end (loss/test/<name>)")):
-        keys.append(Key(f"{split}_weighted_split_paths", [], f"{what}: --{split}-weighted-split-paths "
-                        f"\"NAME: W1 START:END PREFIX1, W2 START:END PREFIX2\" [\"NAME2: ...\" ...]", type=list, sep=None,
-                        nargs="+", aliases=(f"{split}-weighted-split-paths",)))
-        keys.append(Key(f"{split}_weighted_split_paths_path", "", f"a file holding the {split} groups as one line of "
-                        f"quoted groups (Megatron's --{split}-weighted-split-paths-path)", nargs=1,
-                        aliases=(f"{split}-weighted-split-paths-path",)))
-    return keys
-
-
-T0_MEGATRON = _megatron_split_keys() + [
-    Key("preprocess", False, "write --input's inputs/targets as a Megatron indexed prefix --output_prefix and exit "
-        "(tools/preprocess_data.py's files, with this run's tokenizer and tokenisation keys)", nargs=0),
-    Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1, input=True),
-    Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
-        "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
-        aliases=("output-prefix",), output="megatron_prefix"),
-]
-
-
-def check_megatron(cfg):
-    if cfg["preprocess"]:
-        if not cfg["input"] or not cfg["output_prefix"]:
-            raise UserError("--preprocess needs --input=FILE.jsonl and --output_prefix=PREFIX")
-        if cfg["make_demo_data"]:
-            raise UserError("--preprocess and --make_demo_data are two separate commands; give one")
-        if not cfg["tokenizer_model"] and not cfg["model_dir"]:
-            raise UserError("--preprocess tokenises with the base checkpoint's tokenizer: give --model_dir=DIR "
-                            "(or --tokenizer_model=FILE.model)")
-    elif cfg["input"] or cfg["output_prefix"]:
-        raise UserError("--input / --output_prefix are for --preprocess (a Megatron indexed dataset from a jsonl file)")
-    check_weighted_splits(cfg)
-
-
-T0_START = [
-    Key("reset_progress", False, "init_from=resume_model: also take model_dir's optimizer state (moments, Adafactor's "
-        "step counts); the iteration count, LR schedule, data stream and best loss start at 0 (Megatron's "
-        "--reset-progress without --no-load-optim)", nargs=0, aliases=("reset-progress",)),
-]
-
-
-def check_reset_progress(cfg):
-    if cfg["reset_progress"] and cfg["init_from"] != "resume_model":
-        raise UserError(f"reset_progress=True restarts a run from model_dir's weights and optimizer state: it needs "
-                        f"init_from=resume_model, not {cfg['init_from']} (resume_train continues out_dir's progress)")
-
-
 def check_t0(cfg):
-    if cfg["init_from"] not in ("resume_model", "resume_train"):
-        raise UserError(f"init_from must be resume_model (finetune --model_dir) or resume_train (continue --out_dir), "
-                        f"not '{cfg['init_from']}'")
-    if not cfg["make_demo_data"] and not cfg["preprocess"]:
+    check_start(cfg)
+    if loads_model(cfg):
         check_init(cfg)
-
-
-# finetuning settings that go with an optimizer preset (docs/t0.md), unless set by the user
-PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": False}}
 
 
 def prepare_t0(cfg):
@@ -469,7 +387,7 @@ FINETUNE_T0 = TRAIN.derive(
     # the model's shape comes from the base checkpoint; these are language-modelling keys
     drop=[k.name for k in LM_DATA + GROWTH + GENERATION + HEADS] + [k.name for k in MODEL if k is not DROPOUT],
     sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
-              ("masks, loss and rank evaluation", T0_LOSS), ("starting point", T0_START)],
+              ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START)],
     rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
            check_reset_progress],
     prepare=prepare_t0)

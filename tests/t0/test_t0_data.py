@@ -1,4 +1,4 @@
-"""t0_data.py without a model: tokenisation conventions and length handling, mixture files and their
+"""tinylab/t0/ without a model: tokenisation conventions and length handling, mixture files and their
 errors, train/valid overlap, packing, mixture proportions, exact stream resume, attention masks,
 position ids, label masks and loss normalisation against brute-force / hand computations."""
 import http.server
@@ -17,7 +17,12 @@ from model import document_mask
 from tinylab.core.errors import UserError
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.interop import hub
-from tinylab.t0 import data as T
+from tinylab.t0.batches import loss_weights, position_ids, shift
+from tinylab.t0.encode import ExampleEncoder, Examples, tokenize_rows
+from tinylab.t0.mixture import Source, check_range_overlap, load_mixture, resolve_weights
+from tinylab.t0.overlap import check_hash_overlap, example_hash
+from tinylab.t0.packing import PackedStream, rows_to_arrays
+from tinylab.t0.sources import read_records
 
 PAIRS = [("Is the sky blue?", "yes"), ("Question: who is the hero?", " Lily"), ("What is 2 plus 2?", "4"),
          ("Story: Tom had a red ball.\nWhat colour was the ball?", "  red")]
@@ -46,7 +51,7 @@ def tok_no_dummy(tmp_path_factory):
 @pytest.mark.parametrize("which", ["tok", "tok_no_dummy"])
 def test_one_space_between_input_and_target(which, request):
     tok = request.getfixturevalue(which)
-    enc = T.ExampleEncoder(tok)
+    enc = ExampleEncoder(tok)
     for inputs, target in PAIRS:
         i, t = enc.encode_inputs([inputs])[0], enc.encode_targets([target])[0]
         assert i[0] == tok.bos_id and tok.bos_id not in i[1:] and tok.eos_id not in i  # BOS first, no EOS
@@ -56,7 +61,7 @@ def test_one_space_between_input_and_target(which, request):
 
 def test_target_space_false_keeps_the_target_as_given(tok, tok_no_dummy):
     for t_ in (tok, tok_no_dummy):
-        enc = T.ExampleEncoder(t_, target_space=False, add_bos=False, add_eos=False)
+        enc = ExampleEncoder(t_, target_space=False, add_bos=False, add_eos=False)
         for inputs, target in [("2 + 2 =", "4"), ("Who?", " Lily")]:
             i, t = enc.encode_inputs([inputs])[0], enc.encode_targets([target])[0]
             assert tok.bos_id not in i and tok.eos_id not in t
@@ -64,13 +69,13 @@ def test_target_space_false_keeps_the_target_as_given(tok, tok_no_dummy):
 
 
 def test_truncation_and_drop_counters(tok):
-    enc = T.ExampleEncoder(tok, max_input_len=6, max_target_len=4)
+    enc = ExampleEncoder(tok, max_input_len=6, max_target_len=4)
     rows = [{"inputs": "one two three four five six seven eight nine ten", "targets": "a b c d e f g"},
             {"inputs": "short", "targets": "ok"},
             {"inputs": "  ", "targets": "x"}, {"inputs": "y", "targets": ""}, {"inputs": None, "targets": "z"}]
     full_in = tok.encode(rows[0]["inputs"], bos=True)
     full_tgt = tok.encode("a b c d e f g", bos=False, eos=True)
-    ex = T.tokenize_rows("s", rows, enc)
+    ex = tokenize_rows("s", rows, enc)
     st = ex.stats
     assert (st["rows"], st["skipped_empty"], st["examples"]) == (5, 3, 2)
     assert (st["truncated_inputs"], st["truncated_targets"], st["dropped_too_long"]) == (1, 1, 0)
@@ -80,10 +85,10 @@ def test_truncation_and_drop_counters(tok):
     assert ids[n_in:] == full_tgt[:3] + [tok.eos_id]
     assert st["tokens"] == len(ex.ids[0]) + len(ex.ids[1])
 
-    drop = T.tokenize_rows("s", rows, T.ExampleEncoder(tok, max_input_len=6, max_target_len=4, truncation="drop"))
+    drop = tokenize_rows("s", rows, ExampleEncoder(tok, max_input_len=6, max_target_len=4, truncation="drop"))
     assert (drop.stats["dropped_too_long"], drop.stats["examples"], drop.stats["truncated_inputs"]) == (1, 1, 0)
     short = len(ex.ids[1])
-    row = T.tokenize_rows("s", rows, enc, row_len=short + 1)
+    row = tokenize_rows("s", rows, enc, row_len=short + 1)
     assert (row.stats["dropped_longer_than_row"], row.stats["examples"]) == (1, 1)
     assert row.shortest == short
 
@@ -95,14 +100,14 @@ def test_truncate_side_right_keeps_the_beginning_as_mesh_tf(tok):
     text = "one two three four five six seven eight nine ten"
     full_in = tok.encode(text, bos=True)
     full_tgt = tok.encode("a b c d e f g", bos=False, eos=True)
-    right = T.ExampleEncoder(tok, max_input_len=6, max_target_len=4, truncate_side="right")
-    left = T.ExampleEncoder(tok, max_input_len=6, max_target_len=4)
+    right = ExampleEncoder(tok, max_input_len=6, max_target_len=4, truncate_side="right")
+    left = ExampleEncoder(tok, max_input_len=6, max_target_len=4)
     assert right.clip_input(full_in) == full_in[:6] and right.clip_input(full_in)[0] == tok.bos_id
     assert left.clip_input(full_in) == [tok.bos_id] + full_in[-5:]
     assert right.clip_input(full_in[:6]) == left.clip_input(full_in[:6]) == full_in[:6]  # fits: unchanged
-    no_bos = T.ExampleEncoder(tok, add_bos=False, max_input_len=4, truncate_side="right")
+    no_bos = ExampleEncoder(tok, add_bos=False, max_input_len=4, truncate_side="right")
     assert no_bos.clip_input(full_in[1:]) == full_in[1:5]
-    ex = T.tokenize_rows("s", [{"inputs": text, "targets": "a b c d e f g"}], right)
+    ex = tokenize_rows("s", [{"inputs": text, "targets": "a b c d e f g"}], right)
     ids, n_in = list(ex.ids[0]), ex.n_input[0]
     assert ids[:n_in] == full_in[:6] and ids[n_in:] == full_tgt[:3] + [tok.eos_id]
     assert (ex.stats["truncated_inputs"], ex.stats["truncated_targets"]) == (1, 1)
@@ -111,7 +116,7 @@ def test_truncate_side_right_keeps_the_beginning_as_mesh_tf(tok):
     rank, _ = rank_examples([{"inputs": text, "targets": "yes", "answer_choices": ["yes", "no"]}], right)
     assert rank[0][0] == full_in[:6]
     with pytest.raises(UserError, match="truncate_side must be 'left' or 'right'"):
-        T.ExampleEncoder(tok, truncate_side="middle")
+        ExampleEncoder(tok, truncate_side="middle")
     from tinylab.schema import FINETUNE_T0
     with pytest.raises(UserError, match="truncate_side"):
         FINETUNE_T0.parse(["--model_dir=m", "--truncate_side=end"])
@@ -134,15 +139,15 @@ def test_mixture_file_sources_ranges_and_megatron_line(tmp_path):
     a = jsonl(tmp_path / "a.jsonl", [{"inputs": f"q{i}", "targets": "t"} for i in range(10)])
     mix = write(tmp_path / "m.json", {"train": [{"name": "a", "path": "a.jsonl", "weight": 2, "range": "0:0.6"}],
                                       "valid": [{"name": "a_val", "path": a, "range": "0.6:1", "dataset": "a"}]})
-    train, valid = T.load_mixture(mix)
+    train, valid = load_mixture(mix)
     assert train[0].path == a and (train[0].start, train[0].end, train[0].weight) == (0.0, 0.6, 2.0)
     assert valid[0].dataset == "a"
-    assert [r["inputs"] for r in T.read_records(train[0])] == [f"q{i}" for i in range(6)]
+    assert [r["inputs"] for r in read_records(train[0])] == [f"q{i}" for i in range(6)]
     # the rows really in the range (Megatron read rows 0..len(range) instead)
-    assert [r["inputs"] for r in T.read_records(valid[0])] == [f"q{i}" for i in range(6, 10)]
-    T.check_range_overlap(train, valid)
+    assert [r["inputs"] for r in read_records(valid[0])] == [f"q{i}" for i in range(6, 10)]
+    check_range_overlap(train, valid)
     line = write(tmp_path / "l.json", {"train": f"mix: 1 0:0.5 {a}, 3 0.5:1 {a}"})
-    train, valid = T.load_mixture(line)
+    train, valid = load_mixture(line)
     assert [(s.weight, s.start, s.end) for s in train] == [(1.0, 0.0, 0.5), (3.0, 0.5, 1.0)] and valid == []
 
 
@@ -153,7 +158,7 @@ def test_p3_fields_parquet_and_score_eval_rows(tmp_path):
                       "targets_pretokenized": [" yes", " no"], "answer_choices": [["yes", "no"], ["yes", "no"]],
                       "is_correct": [False, True], "inputs": [[1, 2], [1, 2]], "targets": [[3], [4]]})
     pq.write_table(table, tmp_path / "p3.parquet")
-    rows = T.read_records(T.Source(name="p3", path=str(tmp_path / "p3.parquet")))
+    rows = read_records(Source(name="p3", path=str(tmp_path / "p3.parquet")))
     # token-id fields are ignored for the *_pretokenized strings; one row per example (is_correct)
     assert rows == [{"inputs": "Premise. Choice?", "targets": " no", "answer_choices": ["yes", "no"]}]
 
@@ -173,32 +178,32 @@ def test_p3_fields_parquet_and_score_eval_rows(tmp_path):
 ])
 def test_malformed_mixture_names_the_field(tmp_path, content, fragment):
     with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        T.load_mixture(write(tmp_path / "m.json", content))
+        load_mixture(write(tmp_path / "m.json", content))
 
 
 def test_missing_mixture_and_bad_sources(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        T.load_mixture(str(tmp_path / "nope.json"))
+        load_mixture(str(tmp_path / "nope.json"))
     bad = jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(UserError, match="no string fields 'inputs' and 'targets'"):
-        T.read_records(T.Source(name="bad", path=bad))
+        read_records(Source(name="bad", path=bad))
     with pytest.raises(UserError, match="not found"):
-        T.read_records(T.Source(name="gone", path=str(tmp_path / "gone.jsonl")))
+        read_records(Source(name="gone", path=str(tmp_path / "gone.jsonl")))
     with pytest.raises(UserError, match="unsupported file type"):
-        T.read_records(T.Source(name="csv", path=write(tmp_path / "x.csv", "a,b")))
+        read_records(Source(name="csv", path=write(tmp_path / "x.csv", "a,b")))
 
 
 def test_train_valid_overlap_is_refused(tmp_path):
     a = jsonl(tmp_path / "a.jsonl", [{"inputs": f"q{i}", "targets": "t"} for i in range(10)])
-    train = [T.Source(name="a", path=a, end=0.8)]
+    train = [Source(name="a", path=a, end=0.8)]
     with pytest.raises(UserError, match="overlapping row ranges"):
-        T.check_range_overlap(train, [T.Source(name="v", path=a, start=0.7)])
-    T.check_range_overlap(train, [T.Source(name="v", path=a, start=0.8)])
-    hashes = {T.example_hash(r["inputs"], r["targets"]) for r in T.read_records(train[0])}
+        check_range_overlap(train, [Source(name="v", path=a, start=0.7)])
+    check_range_overlap(train, [Source(name="v", path=a, start=0.8)])
+    hashes = {example_hash(r["inputs"], r["targets"]) for r in read_records(train[0])}
     copy = [{"inputs": "q3 ", "targets": " t"}, {"inputs": "new", "targets": "t"}]  # same text up to whitespace
     with pytest.raises(UserError, match="shares 1 of 2 examples"):
-        T.check_hash_overlap(hashes, "v", copy)
-    T.check_hash_overlap(hashes, "v", copy[1:])
+        check_hash_overlap(hashes, "v", copy)
+    check_hash_overlap(hashes, "v", copy[1:])
 
 
 @pytest.fixture
@@ -293,10 +298,10 @@ def test_hub_probe_honours_hf_endpoint_and_proxies(no_proxy_env, local_server):
 
 def test_hub_source_offline_is_a_clear_error(no_proxy_env):
     mp = no_proxy_env
-    src = T.Source(name="copa", hf="bigscience/P3", config="copa_best_option")
+    src = Source(name="copa", hf="bigscience/P3", config="copa_best_option")
     # conftest sets HF_DATASETS_OFFLINE=1: no network is tried
     with pytest.raises(UserError, match="offline .* not in the local cache"):
-        T.read_records(src)
+        read_records(src)
     # online, but the hub (HF_ENDPOINT) does not answer: one quick probe, not 30 s of datasets' retries
     import datasets
 
@@ -310,7 +315,7 @@ def test_hub_source_offline_is_a_clear_error(no_proxy_env):
     t0 = time.time()
     with pytest.raises(UserError, match=f"hub source 'copa' .* needs the network, but the hub {endpoint} cannot "
                                         f"be reached .*Connection refused.*use a local file"):
-        T.read_records(src)
+        read_records(src)
     assert time.time() - t0 < 3
 
 
@@ -322,7 +327,7 @@ def random_lengths(n, seed, lo=5, hi=40):
 
 def examples_from_lengths(name, lengths, seed=0):
     rng = np.random.default_rng(seed)
-    ex = T.Examples(name)
+    ex = Examples(name)
     for n in lengths:
         ex.ids.append(rng.integers(3, 100, n).astype(np.int32))
         ex.n_input.append(int(rng.integers(1, n)))
@@ -332,12 +337,12 @@ def examples_from_lengths(name, lengths, seed=0):
 def test_next_fit_packing_rows_and_arrays():
     lengths = [random_lengths(50, 1), random_lengths(30, 2)]
     examples = [examples_from_lengths("a", lengths[0], 1), examples_from_lengths("b", lengths[1], 2)]
-    stream = T.PackedStream(lengths, [1, 1], row_len=64, seed=3, packing="next_fit")
+    stream = PackedStream(lengths, [1, 1], row_len=64, seed=3, packing="next_fit")
     rows = stream.next_rows(40)
     for r, nxt in zip(rows, rows[1:]):
         used = sum(lengths[s][i] for s, i in r)
         assert used <= 64 and used + lengths[nxt[0][0]][nxt[0][1]] > 64  # closed only when the next did not fit
-    token_ids, seg, is_input = T.rows_to_arrays(rows, examples, 64, pad_id=0)
+    token_ids, seg, is_input = rows_to_arrays(rows, examples, 64, pad_id=0)
     filled = 0
     for r, row in enumerate(rows):
         pos = 0
@@ -352,13 +357,13 @@ def test_next_fit_packing_rows_and_arrays():
     assert stream.fill_rate() == pytest.approx(filled / (40 * 64))
     assert filled / (40 * 64) == pytest.approx((seg != 0).mean())
     # seeded: the same seed gives the same rows, another seed other rows
-    assert T.PackedStream(lengths, [1, 1], 64, seed=3, packing="next_fit").next_rows(40) == rows
-    assert T.PackedStream(lengths, [1, 1], 64, seed=4, packing="next_fit").next_rows(40) != rows
+    assert PackedStream(lengths, [1, 1], 64, seed=3, packing="next_fit").next_rows(40) == rows
+    assert PackedStream(lengths, [1, 1], 64, seed=4, packing="next_fit").next_rows(40) != rows
 
 
 def test_every_example_once_per_epoch_in_a_new_order():
     lengths = [random_lengths(37, 5)]
-    stream = T.PackedStream(lengths, [1.0], row_len=50, seed=0, packing="next_fit")
+    stream = PackedStream(lengths, [1.0], row_len=50, seed=0, packing="next_fit")
     seen = [i for row in stream.next_rows(400) for _, i in row]
     epoch0, epoch1 = seen[:37], seen[37:74]
     assert sorted(epoch0) == sorted(epoch1) == list(range(37)) and epoch0 != epoch1
@@ -367,13 +372,13 @@ def test_every_example_once_per_epoch_in_a_new_order():
 def test_mixture_proportions_within_binomial_tolerance():
     weights = [1.0, 2.0, 5.0]
     lengths = [random_lengths(n, s) for n, s in ((20, 1), (300, 2), (1000, 3))]
-    rows = T.PackedStream(lengths, weights, row_len=128, seed=0, packing="next_fit").next_rows(3000)
+    rows = PackedStream(lengths, weights, row_len=128, seed=0, packing="next_fit").next_rows(3000)
     counts = np.bincount([s for row in rows for s, _ in row], minlength=3)
     n, p = counts.sum(), np.array(weights) / sum(weights)
     assert n > 10000
     assert (np.abs(counts / n - p) < 4 * np.sqrt(p * (1 - p) / n)).all(), (counts / n, p)
     # Megatron's row blend: single-source rows whose counts track the weights to within one row
-    stream = T.PackedStream(lengths, weights, row_len=128, seed=0, mixing="row", packing="next_fit")
+    stream = PackedStream(lengths, weights, row_len=128, seed=0, mixing="row", packing="next_fit")
     for k in range(1, 801):
         row = stream.next_row()
         assert len({s for s, _ in row}) == 1
@@ -383,11 +388,11 @@ def test_mixture_proportions_within_binomial_tolerance():
 @pytest.mark.parametrize("mixing", ["example", "row"])
 def test_stream_state_resumes_exactly(mixing):
     lengths = [random_lengths(13, 1), random_lengths(29, 2)]
-    ref = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
+    ref = PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
     ref.next_rows(57)  # a few epochs of the small source, an open carried example
     state = json.loads(json.dumps(ref.state_dict()))  # plain values only
     want = ref.next_rows(50)
-    resumed = T.PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
+    resumed = PackedStream(lengths, [1, 3], row_len=60, seed=9, mixing=mixing, packing="next_fit")
     resumed.load_state_dict(state)
     assert resumed.next_rows(50) == want and resumed.fill_rate() == ref.fill_rate()
 
@@ -432,7 +437,7 @@ def test_attention_mask_matches_brute_force(prefixlm):
 
 def test_position_ids_restart_per_example():
     seg, _ = random_rows(5, 40, seed=3)
-    pos = T.position_ids(seg)
+    pos = position_ids(seg)
     for b in range(seg.shape[0]):
         s = seg[b].tolist()
         for t in range(len(s)):
@@ -445,7 +450,7 @@ def test_position_ids_restart_per_example():
 def test_label_mask_is_exactly_the_target_labels():
     seg, inp = random_rows(5, 30, seed=4)
     token_ids = torch.arange(seg.numel()).view_as(seg)
-    tokens, labels, label_mask, label_seg, tok_seg, _ = T.shift(token_ids, seg, inp)
+    tokens, labels, label_mask, label_seg, tok_seg, _ = shift(token_ids, seg, inp)
     assert torch.equal(labels, token_ids[:, 1:]) and torch.equal(tokens, token_ids[:, :-1])
     for b in range(seg.shape[0]):
         for t in range(seg.shape[1] - 1):
@@ -460,23 +465,23 @@ def test_label_mask_is_exactly_the_target_labels():
 
 def test_loss_weights_by_hand():
     seg, inp = random_rows(8, 30, seed=5)
-    _, _, m, lseg, _, _ = T.shift(seg.clone(), seg, inp)
+    _, _, m, lseg, _, _ = shift(seg.clone(), seg, inp)
     ce = torch.rand(m.shape, dtype=torch.float64)
     # token: sum over the whole global batch / its number of target labels
-    w = T.loss_weights(m, lseg, "token", n_groups=4)
+    w = loss_weights(m, lseg, "token", n_groups=4)
     assert (w * ce).sum().item() == pytest.approx(ce[m].sum().item() / m.sum().item(), rel=1e-12)
     # example: mean over examples of each example's mean target loss
     per_example = [ce[b][m[b] & (lseg[b] == k)].mean().item() for b in range(8) for k in range(1, 20)
                    if (m[b] & (lseg[b] == k)).any()]
-    w = T.loss_weights(m, lseg, "example")
+    w = loss_weights(m, lseg, "example")
     assert (w * ce).sum().item() == pytest.approx(sum(per_example) / len(per_example), rel=1e-12)
     # token_microbatch: every micro-batch's token mean, averaged (Megatron)
     means = [ce[g * 2:(g + 1) * 2][m[g * 2:(g + 1) * 2]].mean().item() for g in range(4)]
-    w = T.loss_weights(m, lseg, "token_microbatch", n_groups=4)
+    w = loss_weights(m, lseg, "token_microbatch", n_groups=4)
     assert (w * ce).sum().item() == pytest.approx(sum(means) / 4, rel=1e-12)
-    assert (T.loss_weights(m, lseg, "token")[~m] == 0).all() and math.isfinite(w.sum().item())
+    assert (loss_weights(m, lseg, "token")[~m] == 0).all() and math.isfinite(w.sum().item())
     with pytest.raises(UserError, match="loss_normalization"):
-        T.loss_weights(m, lseg, "tokens")
+        loss_weights(m, lseg, "tokens")
 
 
 def test_t0_examples_proportional_weights_with_cap(tmp_path):
@@ -486,8 +491,8 @@ def test_t0_examples_proportional_weights_with_cap(tmp_path):
         {"name": "big_p3", "dataset": "big", "path": "x.jsonl", "weight": "examples"},
         {"name": "small", "path": "y.jsonl", "weight": "examples"},
         {"name": "fixed", "path": "z.jsonl", "weight": 250}]})
-    train, _ = T.load_mixture(mix)
+    train, _ = load_mixture(mix)
     # a dataset over the cap: each of its 3 prompts gets 1000 // 3; under it: its own size
-    assert T.resolve_weights(train, [5000, 5000, 5000, 400, 7]) == [333.0, 333.0, 333.0, 400.0, 250.0]
+    assert resolve_weights(train, [5000, 5000, 5000, 400, 7]) == [333.0, 333.0, 333.0, 400.0, 250.0]
     with pytest.raises(UserError, match="max_examples_per_dataset"):
-        T.load_mixture(write(tmp_path / "b.json", {"max_examples_per_dataset": 0, "train": [{"name": "a", "path": "a"}]}))
+        load_mixture(write(tmp_path / "b.json", {"max_examples_per_dataset": 0, "train": [{"name": "a", "path": "a"}]}))

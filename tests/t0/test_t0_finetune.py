@@ -14,8 +14,9 @@ from tinylab.core import checkpoint as ckpt_lib
 from tinylab.core.errors import UserError
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.schema import FINETUNE_T0, prepare_t0
-from tinylab.t0.data import ExampleEncoder, load_mixture
+from tinylab.t0.encode import ExampleEncoder
 from tinylab.t0.finetune import T0Data, T0Evaluator
+from tinylab.t0.mixture import load_mixture
 from tinylab.training.trainer import Run
 
 

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from conftest import tiny_model as shared_tiny_model
 
 from model import document_block_mask, document_mask, flex_attention
-from tinylab.t0 import data as T
+from tinylab.t0.batches import T0Batches, loss_weights, model_inputs
+from tinylab.t0.encode import Examples
+from tinylab.t0.packing import PackedStream, rows_to_arrays
 
 V = 61
 # every attention_impl that runs here; flex has no backward on the CPU (torch 2.13), so its
@@ -39,7 +41,7 @@ def packed_logits(model, batch, impl):
 
 def examples(n=12, seed=0):
     rng = np.random.default_rng(seed)
-    ex = T.Examples("toy")
+    ex = Examples("toy")
     for _ in range(n):
         length = int(rng.integers(4, 20))
         ex.ids.append(rng.integers(0, V, length).astype(np.int32))
@@ -60,7 +62,7 @@ def alone_logits(model, ids, n_input, prefixlm, device="cpu"):
 
 
 def packed_rows(ex, row_len, n_rows, seed=1):
-    return T.PackedStream([ex.lengths()], [1.0], row_len, seed=seed).next_rows(n_rows)
+    return PackedStream([ex.lengths()], [1.0], row_len, seed=seed).next_rows(n_rows)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -70,7 +72,7 @@ def test_packed_logits_equal_each_example_alone(prefixlm, impl, device):
     # rows of 300 tokens: FlexAttention's 128 x 128 blocks, most of them skipped
     model, ex = tiny_model(max_seq_len=300).to(device), examples(40)
     rows = packed_rows(ex, 300, 3)
-    batch, _, _ = T.model_inputs(*T.rows_to_arrays(rows, [ex], 300), prefixlm, device)
+    batch, _, _ = model_inputs(*rows_to_arrays(rows, [ex], 300), prefixlm, device)
     logits = packed_logits(model, batch, impl)
     assert torch.isfinite(logits).all()
     checked, alone = 0, {}
@@ -86,7 +88,7 @@ def test_packed_logits_equal_each_example_alone(prefixlm, impl, device):
             pos, checked = pos + n, checked + 1
     assert checked > 10 * len(rows)  # rows really held many examples
     if prefixlm:  # and the two modes really differ on inputs
-        causal, _, _ = T.model_inputs(*T.rows_to_arrays(rows, [ex], 300), False, device)
+        causal, _, _ = model_inputs(*rows_to_arrays(rows, [ex], 300), False, device)
         assert not torch.allclose(packed_logits(model, causal, impl), logits)
 
 
@@ -96,7 +98,7 @@ def test_packed_logits_equal_each_example_alone(prefixlm, impl, device):
 def test_packed_gradient_equals_the_sum_over_examples_alone(prefixlm, impl, device):
     model, ex = tiny_model(max_seq_len=160).to(device), examples(30, seed=6)
     rows = packed_rows(ex, 160, 2)
-    batch, label_mask, _ = T.model_inputs(*T.rows_to_arrays(rows, [ex], 160), prefixlm, device)
+    batch, label_mask, _ = model_inputs(*rows_to_arrays(rows, [ex], 160), prefixlm, device)
     model.attention_impl = impl
     model(**batch, loss_weights=label_mask.to(device, torch.float64))  # the sum of target-label CEs
     packed_loss = model.last_loss
@@ -113,7 +115,7 @@ def test_packed_gradient_equals_the_sum_over_examples_alone(prefixlm, impl, devi
 def test_packed_fp32_within_1e5(impl):
     model, ex = tiny_model().float(), examples(8, seed=2)
     rows = packed_rows(ex, 40, 4, seed=0)
-    batch, _, _ = T.model_inputs(*T.rows_to_arrays(rows, [ex], 40), False, "cpu")
+    batch, _, _ = model_inputs(*rows_to_arrays(rows, [ex], 40), False, "cpu")
     logits = packed_logits(model, batch, impl)
     s, i = rows[0][1]
     start = len(ex.ids[rows[0][0][1]])
@@ -127,15 +129,15 @@ def test_padding_and_all_padding_rows_stay_finite(prefixlm, impl):
     model = tiny_model().float().train()
     ex = examples(3, seed=3)
     rows = [[(0, 0)], [(0, 1), (0, 2)]]
-    token_ids, seg, is_input = T.rows_to_arrays(rows, [ex], 64)
+    token_ids, seg, is_input = rows_to_arrays(rows, [ex], 64)
     token_ids = np.concatenate([token_ids, np.zeros((1, 64), dtype=token_ids.dtype)])  # an all-padding row
     seg = np.concatenate([seg, np.zeros((1, 64), dtype=seg.dtype)])
     is_input = np.concatenate([is_input, np.zeros((1, 64), dtype=bool)])
-    batch, label_mask, label_seg = T.model_inputs(token_ids, seg, is_input, prefixlm, "cpu")
+    batch, label_mask, label_seg = model_inputs(token_ids, seg, is_input, prefixlm, "cpu")
     assert torch.isfinite(packed_logits(model, batch, impl)).all()
     if not can_backward(impl, "cpu"):
         return
-    batch["loss_weights"] = T.loss_weights(label_mask, label_seg, "example").float()
+    batch["loss_weights"] = loss_weights(label_mask, label_seg, "example").float()
     logits = model(**batch)
     model.last_loss.backward()
     assert torch.isfinite(logits).all() and torch.isfinite(model.last_loss)
@@ -146,7 +148,7 @@ def test_padding_and_all_padding_rows_stay_finite(prefixlm, impl):
 @pytest.mark.parametrize("prefixlm", [False, True])
 def test_batches_carry_segment_ids_not_a_dense_mask(prefixlm):
     ex = examples(20, seed=7)
-    batches = T.T0Batches(T.PackedStream([ex.lengths()], [1.0], 40, seed=0), [ex], 4, 2, 0, 1, "token", prefixlm, "cpu")
+    batches = T0Batches(PackedStream([ex.lengths()], [1.0], 40, seed=0), [ex], 4, 2, 0, 1, "token", prefixlm, "cpu")
     batch = next(batches)
     assert set(batch) == {"tokens", "targets", "segment_ids", "position_ids", "loss_weights", "loss_scale"} | (
         {"prefix_mask"} if prefixlm else set())
@@ -158,7 +160,7 @@ def test_sdpa_keeps_one_mask_for_all_layers():
     """SDPA saves its mask for backward (a float copy of a bool one): the model hands every layer the
     same additive mask, so a training forward keeps one (B, 1, T, T) tensor, not one per layer."""
     model, ex = tiny_model(max_seq_len=40).train(), examples(10, seed=8)
-    batch, label_mask, _ = T.model_inputs(*T.rows_to_arrays(packed_rows(ex, 40, 3), [ex], 40), True, "cpu")
+    batch, label_mask, _ = model_inputs(*rows_to_arrays(packed_rows(ex, 40, 3), [ex], 40), True, "cpu")
     masks = []
 
     def pack(t):
@@ -179,7 +181,7 @@ def test_block_mask_is_the_dense_mask(prefixlm):
     exactly the 128 x 128 blocks in which nothing may attend."""
     from torch.nn.attention.flex_attention import create_mask
     ex = examples(60, seed=9)
-    _, seg, inp = (torch.as_tensor(a) for a in T.rows_to_arrays(packed_rows(ex, 300, 3), [ex], 300))
+    _, seg, inp = (torch.as_tensor(a) for a in rows_to_arrays(packed_rows(ex, 300, 3), [ex], 300))
     seg[-1, 250:], inp[-1, 250:] = 0, False  # trailing padding
     prefix = inp if prefixlm else None
     dense = document_mask(seg, prefix)
@@ -228,8 +230,8 @@ def run_global_batch(model, ex, micro_steps, world, normalization, batch_size, s
     model.zero_grad()
     total = 0.0
     for rank in range(world):
-        stream = T.PackedStream([ex.lengths()], [1.0], 40, seed=seed)
-        batches = T.T0Batches(stream, [ex], batch_size, micro_steps, rank, world, normalization, False, "cpu",
+        stream = PackedStream([ex.lengths()], [1.0], 40, seed=seed)
+        batches = T0Batches(stream, [ex], batch_size, micro_steps, rank, world, normalization, False, "cpu",
                               torch.float64)
         for _ in range(micro_steps):
             b = next(batches)
@@ -244,7 +246,7 @@ def run_global_batch(model, ex, micro_steps, world, normalization, batch_size, s
 @pytest.mark.parametrize("normalization", ["token", "example"])
 def test_normalised_loss_equals_hand_computation_for_any_split(normalization):
     model, ex = tiny_model(4), examples(30, seed=4)
-    rows = T.PackedStream([ex.lengths()], [1.0], 40, seed=0).next_rows(8)
+    rows = PackedStream([ex.lengths()], [1.0], 40, seed=0).next_rows(8)
     per_example = hand_losses(model, ex, [i for row in rows for _, i in row])
     if normalization == "token":
         want = torch.cat(per_example).sum().item() / sum(len(c) for c in per_example)
@@ -259,7 +261,7 @@ def test_normalised_loss_equals_hand_computation_for_any_split(normalization):
 
 def test_token_microbatch_is_megatrons_mean_of_micro_batch_means():
     model, ex = tiny_model(5), examples(30, seed=5)
-    rows = T.PackedStream([ex.lengths()], [1.0], 40, seed=0).next_rows(8)
+    rows = PackedStream([ex.lengths()], [1.0], 40, seed=0).next_rows(8)
     means = []
     for g in range(4):
         per = hand_losses(model, ex, [i for row in rows[2 * g:2 * g + 2] for _, i in row])

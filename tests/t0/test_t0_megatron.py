@@ -19,8 +19,9 @@ from tinylab.core import checkpoint as ckpt_lib
 from tinylab.core.errors import UserError
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.schema import FINETUNE_T0
-from tinylab.t0.data import ExampleEncoder, mixture_from_config, read_mixture
+from tinylab.t0.encode import ExampleEncoder
 from tinylab.t0.finetune import T0Data
+from tinylab.t0.mixture import mixture_from_config, read_mixture
 
 ROW = 129  # the base model's max_seq_len 128, + 1
 TASKS = {"hero": ["hero_train.jsonl", "hero_valid.jsonl"], "ending": ["ending_train.jsonl", "ending_valid.jsonl"],
@@ -182,7 +183,7 @@ def test_preprocess_writes_what_training_reads(meg, tmp_path):
     assert [x.tolist() for x in inputs] == enc.encode_inputs([r["inputs"] for r in rows])
     assert [x.tolist() for x in targets] == enc.encode_targets([r["targets"] for r in rows])
     # the prefix gives the training examples the jsonl gives
-    from tinylab.t0.data import Source
+    from tinylab.t0.mixture import Source
     a = T0Data([Source("j", path=src)], [], enc, ROW, log=lambda *a: None).train[0]
     b = T0Data([Source("m", path=prefix)], [], enc, ROW, log=lambda *a: None).train[0]
     assert [x.tolist() for x in a.ids] == [x.tolist() for x in b.ids] and a.n_input == b.n_input

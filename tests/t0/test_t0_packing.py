@@ -1,4 +1,4 @@
-"""The best-fit packer of t0_data.py (packing="best_fit", docs/t0.md §4) without a model: best-fit
+"""The best-fit packer of tinylab/t0/packing.py (packing="best_fit", docs/t0.md §4) without a model: best-fit
 decreasing and the balanced row order against naive re-implementations, each chunk holding exactly
 the next drawn examples, fill rates >= 0.95 on a long-tailed length distribution and on the demo
 mixture, the mixture's proportions over every window of rows measured against next-fit, exact
@@ -13,7 +13,10 @@ from conftest import TOK8192
 
 from tinylab.core.errors import UserError
 from tinylab.schema import FINETUNE_T0
-from tinylab.t0 import data as T
+from tinylab.t0.batches import T0Batches
+from tinylab.t0.encode import Examples
+from tinylab.t0.mixture import Source
+from tinylab.t0.packing import PackedStream, _EpochOrder, balanced_order, best_fit_decreasing
 
 
 def lognormal_lengths(n, row_len, seed, mean=None, sigma=1.0):
@@ -55,11 +58,11 @@ def test_best_fit_decreasing_equals_the_textbook_algorithm(seed):
     rng = np.random.default_rng(seed)
     row_len = int(rng.integers(20, 80))
     sizes = rng.integers(1, row_len + 1, int(rng.integers(1, 120)))
-    rows, used = T.best_fit_decreasing(sizes, row_len)
+    rows, used = best_fit_decreasing(sizes, row_len)
     assert rows == naive_best_fit_decreasing(sizes.tolist(), row_len)
     assert sorted(j for r in rows for j in r) == list(range(len(sizes)))  # every item exactly once
     assert used == [int(sizes[r].sum()) for r in rows] and max(used) <= row_len
-    assert T.best_fit_decreasing(np.zeros(0, dtype=np.int64), 10) == ([], [])
+    assert best_fit_decreasing(np.zeros(0, dtype=np.int64), 10) == ([], [])
 
 
 def exact_score(c, n, row, q):
@@ -78,7 +81,7 @@ def test_balanced_order_is_the_exact_greedy(seed):
     R, S = int(rng.integers(2, 40)), int(rng.integers(1, 7))
     m = rng.integers(0, 9, (R, S)) * (rng.random((R, S)) < 0.5)
     m[m.sum(1) == 0, 0] = 1
-    order = T.balanced_order(m)
+    order = balanced_order(m)
     assert sorted(order) == list(range(R))
     rows = m.tolist()
     tot = m.sum(0).tolist()
@@ -92,7 +95,7 @@ def test_balanced_order_is_the_exact_greedy(seed):
         c = [ci + mi for ci, mi in zip(c, rows[j])]
         n += sum(rows[j])
     # a single column: nothing to balance, the given order stays
-    assert T.balanced_order(np.ones((5, 1), dtype=np.int64)) == list(range(5))
+    assert balanced_order(np.ones((5, 1), dtype=np.int64)) == list(range(5))
 
 
 # ---------------------------------------------------------------------- the stream
@@ -115,8 +118,8 @@ def test_each_chunk_holds_the_next_drawn_examples(mixing):
     pairs, in the same multiset, as next-fit's stream, which packs them in draw order."""
     lengths = [np.random.default_rng(s).integers(5, 60, n) for s, n in ((1, 13), (2, 70), (3, 200))]
     row_len, buffer = 100, 97
-    best = T.PackedStream(lengths, [1, 3, 2], row_len, seed=5, mixing=mixing, buffer=buffer)
-    nxt = T.PackedStream(lengths, [1, 3, 2], row_len, seed=5, mixing=mixing, packing="next_fit")
+    best = PackedStream(lengths, [1, 3, 2], row_len, seed=5, mixing=mixing, buffer=buffer)
+    nxt = PackedStream(lengths, [1, 3, 2], row_len, seed=5, mixing=mixing, packing="next_fit")
     if mixing == "example":
         got = chunks_of(best, 4)
         drawn = [ex for row in nxt.next_rows(400) for ex in row][:4 * buffer]
@@ -128,7 +131,7 @@ def test_each_chunk_holds_the_next_drawn_examples(mixing):
         assert (np.abs(best.rows_used - best.weights * 600) <= 1).all()
         per_source = [[ex for row in rows for ex in row if ex[0] == s] for s in range(3)]
         for s, packer in enumerate(best.packers):  # whole chunks of the source's own epoch order
-            order = T._EpochOrder(len(lengths[s]), 5, s)
+            order = _EpochOrder(len(lengths[s]), 5, s)
             whole = [(s, i) for i in order.take(packer.chunk * buffer).tolist()]
             current = [ex for row in packer.rows[:packer.given] for ex in row]  # a chunk under way
             assert sorted(per_source[s]) == sorted(whole + current)
@@ -144,7 +147,7 @@ def test_fill_rate_on_long_tailed_lengths():
         lengths = [lognormal_lengths(20000, row_len, seed=row_len)]
         fills = {}
         for packing, buffer in (("next_fit", 1), ("best_fit", 500), ("best_fit", 2000)):
-            stream = T.PackedStream(lengths, [1.0], row_len, seed=0, packing=packing, buffer=buffer)
+            stream = PackedStream(lengths, [1.0], row_len, seed=0, packing=packing, buffer=buffer)
             stream.next_rows(3000)
             fills[packing, buffer] = stream.fill_rate()
         assert fills["best_fit", 2000] >= 0.99 and fills["best_fit", 500] >= 0.95, fills
@@ -153,7 +156,9 @@ def test_fill_rate_on_long_tailed_lengths():
 
 def test_fill_rate_on_the_demo_mixture(t0_setup):
     from tinylab.data.tokenizer import Tokenizer
-    from tinylab.t0.data import ExampleEncoder, load_mixture, read_records, tokenize_rows
+    from tinylab.t0.encode import ExampleEncoder, tokenize_rows
+    from tinylab.t0.mixture import load_mixture
+    from tinylab.t0.sources import read_records
     mixture, _ = t0_setup
     sources, _ = load_mixture(mixture)
     enc = ExampleEncoder(Tokenizer(TOK8192))
@@ -162,7 +167,7 @@ def test_fill_rate_on_the_demo_mixture(t0_setup):
     fills = {}
     for packing in ("next_fit", "best_fit"):
         for mixing in ("example", "row"):
-            stream = T.PackedStream(lengths, weights, 257, seed=0, mixing=mixing, packing=packing)
+            stream = PackedStream(lengths, weights, 257, seed=0, mixing=mixing, packing=packing)
             stream.next_rows(1000)
             fills[packing, mixing] = stream.fill_rate()
     assert min(fills["best_fit", m] for m in ("example", "row")) >= 0.95, fills
@@ -199,7 +204,7 @@ def test_mixture_weights_hold_over_every_window_of_rows(seed):
     p_tok = p * mean_len / (p * mean_len).sum()
     dev = {}
     for packing in ("next_fit", "best_fit"):
-        rows = T.PackedStream(lengths, w, 513, seed=seed, packing=packing).next_rows(64 * 100)
+        rows = PackedStream(lengths, w, 513, seed=seed, packing=packing).next_rows(64 * 100)
         dev[packing] = window_deviations(rows, lengths, p, p_tok, 64)
     (nf_ex, nf_tok), (bf_ex, bf_tok) = dev["next_fit"], dev["best_fit"]
     assert bf_ex.mean() <= nf_ex.mean() and bf_tok.mean() <= nf_tok.mean(), (bf_ex.mean(), nf_ex.mean(),
@@ -209,7 +214,7 @@ def test_mixture_weights_hold_over_every_window_of_rows(seed):
     assert bf_ex.max() < 0.1 and bf_tok.max() < 0.1  # the stated tolerance
     # without the balanced order (the chunk's rows in a random order) the example shares are
     # worse than next-fit's: the order is what keeps the weights
-    stream = T.PackedStream(lengths, w, 513, seed=seed)
+    stream = PackedStream(lengths, w, 513, seed=seed)
     packer, shuffled = stream.packers[0], []
     while len(shuffled) < 64 * 100:
         stream.next_row()
@@ -224,33 +229,33 @@ def test_mixture_weights_hold_over_every_window_of_rows(seed):
 def test_best_fit_resumes_exactly_at_any_row(mixing):
     lengths = [np.random.default_rng(s).integers(5, 40, n) for s, n in ((1, 13), (2, 29), (3, 300))]
     kwargs = dict(row_len=60, seed=9, mixing=mixing, buffer=50)
-    ref = T.PackedStream(lengths, [1, 3, 2], **kwargs)
-    first = len(chunks_of(T.PackedStream(lengths, [1, 3, 2], **kwargs), 1)[0]) if mixing == "example" else 5
+    ref = PackedStream(lengths, [1, 3, 2], **kwargs)
+    first = len(chunks_of(PackedStream(lengths, [1, 3, 2], **kwargs), 1)[0]) if mixing == "example" else 5
     for cut in (0, 1, first - 1, first, first + 1, 57, 200):
-        a = T.PackedStream(lengths, [1, 3, 2], **kwargs)
+        a = PackedStream(lengths, [1, 3, 2], **kwargs)
         a.next_rows(cut)
         state = json.loads(json.dumps(a.state_dict()))  # plain values only
         want = a.next_rows(120)
-        b = T.PackedStream(lengths, [1, 3, 2], **kwargs)
+        b = PackedStream(lengths, [1, 3, 2], **kwargs)
         b.load_state_dict(state)
         assert b.next_rows(120) == want and b.fill_rate() == a.fill_rate() and b.rows == a.rows, cut
-    assert ref.next_rows(10) == T.PackedStream(lengths, [1, 3, 2], **kwargs).next_rows(10)  # seeded
-    assert T.PackedStream(lengths, [1, 3, 2], **{**kwargs, "seed": 10}).next_rows(10) != ref.next_rows(10)
+    assert ref.next_rows(10) == PackedStream(lengths, [1, 3, 2], **kwargs).next_rows(10)  # seeded
+    assert PackedStream(lengths, [1, 3, 2], **{**kwargs, "seed": 10}).next_rows(10) != ref.next_rows(10)
 
 
 def test_t0_batches_resume_exactly_with_best_fit():
     rng = np.random.default_rng(0)
     examples = []
     for name, n in (("a", 40), ("b", 90)):
-        ex = T.Examples(name)
+        ex = Examples(name)
         for k in rng.integers(4, 30, n):
             ex.ids.append(rng.integers(3, 100, k).astype(np.int32))
             ex.n_input.append(int(rng.integers(1, k)))
         examples.append(ex)
 
     def batches():
-        stream = T.PackedStream([e.lengths() for e in examples], [1, 2], 41, seed=3, buffer=64)
-        return T.T0Batches(stream, examples, 2, 3, 0, 1, "example", True, "cpu", identity="x")
+        stream = PackedStream([e.lengths() for e in examples], [1, 2], 41, seed=3, buffer=64)
+        return T0Batches(stream, examples, 2, 3, 0, 1, "example", True, "cpu", identity="x")
 
     ref = batches()
     for _ in range(7 * 3):  # 7 iterations of 3 micro-batches: the trainer saves at such a boundary
@@ -269,11 +274,11 @@ def test_t0_batches_resume_exactly_with_best_fit():
 def test_bad_packing_settings():
     lengths = [np.array([3, 4, 5])]
     with pytest.raises(UserError, match="packing must be one of best_fit, next_fit"):
-        T.PackedStream(lengths, [1], 10, 0, packing="first_fit")
+        PackedStream(lengths, [1], 10, 0, packing="first_fit")
     with pytest.raises(UserError, match="pack_buffer must be an integer in"):
-        T.PackedStream(lengths, [1], 10, 0, buffer=0)
+        PackedStream(lengths, [1], 10, 0, buffer=0)
     with pytest.raises(UserError, match="an example of 5 tokens does not fit a row of 4"):
-        T.PackedStream(lengths, [1], 4, 0)
+        PackedStream(lengths, [1], 4, 0)
     base = ["--model_dir=m", "--mixture=x.json"]
     with pytest.raises(UserError, match="packing"):
         FINETUNE_T0.parse(base + ["--packing=first_fit"])
@@ -292,8 +297,8 @@ def test_stream_identity_of_earlier_runs_is_unchanged():
 
     from tinylab.t0.finetune import T0Data
     data = T0Data.__new__(T0Data)  # only what identity() reads
-    ex = T.Examples("a", ids=[np.zeros(10, dtype=np.int32)], n_input=[4], stats={"tokens": 10})
-    data.train_sources, data.weights, data.train = [T.Source(name="a", path="a.jsonl")], [1.0], [ex]
+    ex = Examples("a", ids=[np.zeros(10, dtype=np.int32)], n_input=[4], stats={"tokens": 10})
+    data.train_sources, data.weights, data.train = [Source(name="a", path="a.jsonl")], [1.0], [ex]
     cfg = {**FINETUNE_T0.defaults(), "max_seq_len": 128, "packing": "next_fit"}
     earlier_keys = ["seed", "mixing", "max_seq_len", "pad_id", "add_bos", "target_space", "add_eos", "max_input_len",
                     "max_target_len", "truncation"]  # the identity's keys before this option existed

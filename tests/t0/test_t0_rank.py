@@ -12,7 +12,7 @@ from torch import nn
 
 from model import ModelArgs
 from tinylab.data.tokenizer import Tokenizer
-from tinylab.t0.data import ExampleEncoder
+from tinylab.t0.encode import ExampleEncoder
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, score_choices, summarize
 
 

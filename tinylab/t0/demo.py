@@ -31,7 +31,7 @@ import random
 
 from tinylab.core.fileio import building_dir, write_atomic
 from tinylab.data import synth_stories as synth
-from tinylab.t0.data import example_hash
+from tinylab.t0.overlap import example_hash
 
 SEEN = ("hero", "object", "ending", "dialogue", "addition")
 HELD_OUT = ("friend", "mood", "speech")

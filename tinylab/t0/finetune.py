@@ -10,29 +10,14 @@ from tinylab.core.errors import UserError
 from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
 from tinylab.t0 import megatron as megatron_data
-from tinylab.t0.data import (
-    TOKENIZATION_KEYS,
-    ExampleEncoder,
-    Group,
-    PackedStream,
-    Source,
-    check_hash_overlap,
-    check_ids_overlap,
-    check_range_overlap,
-    example_hash,
-    ids_hash,
-    indexed_examples,
-    is_held_out,
-    model_inputs,
-    pack_once,
-    read_indexed,
-    read_records,
-    resolve_weights,
-    rows_to_arrays,
-    tokenize_rows,
-    usable,
-)
+from tinylab.t0.batches import model_inputs
+from tinylab.t0.encode import encode_records, fit_examples, new_stats, usable
+from tinylab.t0.mixture import Group, Source, check_range_overlap, is_held_out, resolve_weights
+from tinylab.t0.options import PackingOptions, TokenizationOptions
+from tinylab.t0.overlap import check_overlap
+from tinylab.t0.packing import pack_once, rows_to_arrays
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, summarize
+from tinylab.t0.sources import read_records
 from tinylab.training.trainer import checkpoint_path
 
 
@@ -89,27 +74,18 @@ class T0Data:
                 "held_out": all(is_held_out(s, self.train_sources) for s in g.sources)}
 
     def _load(self, src, encoder, row_len, kind, key, train_hashes=None):
-        """(Examples, text rows ([] for a Megatron prefix: no rank classification), usable rows,
-        example hashes) of one source; with train_hashes, an evaluation source sharing examples
-        with the training data is refused."""
-        if src.kind == "megatron":
-            pairs = read_indexed(src, encoder.tok.vocab_size)
-            if train_hashes is not None:
-                check_ids_overlap(train_hashes, f"{kind} source {src.describe()}", pairs)
-            hashes = {ids_hash(a, b) for a, b in pairs} if train_hashes is None else set()
-            rows, n_usable = [], sum(1 for a, b in pairs if len(a) and len(b))
-            ex = indexed_examples(src.name, pairs, encoder, row_len)
-        else:
-            rows = read_records(src)
-            ok, _ = usable(rows)
-            if train_hashes is not None:
-                check_hash_overlap(train_hashes, key, ok, what=f"{'validation' if kind == 'valid' else kind} group")
-            hashes = {example_hash(r["inputs"], r["targets"]) for r in ok} if train_hashes is None else set()
-            n_usable = len(ok)
-            ex = tokenize_rows(src.name, rows, encoder, row_len)
+        """(Examples, text records ([] for a kind without them: no rank classification), usable
+        examples, content hashes) of one source, whatever its kind; with train_hashes, an
+        evaluation source sharing examples with the training data is refused."""
+        data = src.reader.read(src, encoder)
+        if train_hashes is not None:
+            check_overlap(train_hashes, f"{kind} source {src.describe()}", data.hashes, data.show)
+        stats = new_stats(data.n_rows)
+        stats["skipped_empty"] = data.n_rows - len(data.pairs)
+        ex = fit_examples(src.name, data.pairs, encoder, row_len, stats)
         self._check_examples(src, ex, row_len)
         self.report[kind][key] = ex.stats
-        return ex, rows, n_usable, hashes
+        return ex, data.records, len(data.pairs), {h for hs in data.hashes for h in hs if h is not None}
 
     def _check_examples(self, src, ex, row_len):
         if len(ex) == 0 and not ex.shortest:
@@ -122,17 +98,12 @@ class T0Data:
 
     def stream(self, cfg):
         """The training rows: a seeded PackedStream over the training sources."""
-        return PackedStream([e.lengths() for e in self.train], self.weights,
-                            cfg["max_seq_len"] + 1, cfg["seed"], cfg["mixing"], cfg["packing"], cfg["pack_buffer"])
+        return PackingOptions.from_config(cfg).stream([e.lengths() for e in self.train], self.weights)
 
     def identity(self, cfg):
         """What the training row stream depends on (a resumed run must see the same one)."""
-        # keys added later count only off their earlier behaviour, so older runs still resume
-        later = {"truncate_side": cfg["truncate_side"] != "left", "packing": cfg["packing"] != "next_fit",
-                 "pack_buffer": cfg["packing"] != "next_fit"}
-        keys = [k for k in ["seed", "mixing", "max_seq_len", "pad_id", *TOKENIZATION_KEYS, "packing", "pack_buffer"]
-                if later.get(k, True)]
-        desc = {"cfg": {k: cfg[k] for k in keys},
+        settings = {**PackingOptions.from_config(cfg).identity(), **TokenizationOptions.from_config(cfg).identity()}
+        desc = {"cfg": settings,
                 "sources": [(s.name, w, len(e), e.stats["tokens"]) for s, w, e in zip(self.train_sources, self.weights, self.train)]}
         return hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
@@ -273,16 +244,12 @@ def preprocess(cfg):
         tok = Tokenizer(cfg["tokenizer_model"])
     else:
         tok = resolve_tokenizer(cfg, base_checkpoint(cfg))
-    src = Source(name=os.path.basename(path), path=path)
-    if src.kind != "file":
-        raise UserError(f"--input {path} must be a json, jsonl or parquet file of inputs and targets")
-    rows, skipped = usable(read_records(src))
+    # any kind of file source with text records (an unsupported file type is read_records' error)
+    rows, skipped = usable(read_records(Source(name=os.path.basename(path), path=path)))
     if not rows:
         raise UserError(f"--input {path} has no record with non-empty 'inputs' and 'targets'")
-    encoder = ExampleEncoder(tok, **{k: cfg[k] for k in TOKENIZATION_KEYS})
-    inputs = encoder.encode_inputs([r["inputs"] for r in rows])
-    targets = encoder.encode_targets([r["targets"] for r in rows])
-    megatron_data.write_pair(prefix, inputs, targets, tok.vocab_size)
+    pairs = encode_records(rows, TokenizationOptions.from_config(cfg).encoder(tok))
+    megatron_data.write_pair(prefix, [a for a, _ in pairs], [b for _, b in pairs], tok.vocab_size)
     print(f"wrote {len(rows)} examples ({skipped} with empty inputs or targets skipped) to "
           f"{prefix}_inputs_document.{{bin,idx}} and {prefix}_targets_document.{{bin,idx}} "
           f"(tokenizer {tok.model_path}, add_bos={cfg['add_bos']}, target_space={cfg['target_space']}, "

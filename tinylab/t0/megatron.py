@@ -20,7 +20,7 @@ both is example i (mtf_dataset.py). Reading is zero-copy: items are numpy views 
 Weighted-split arguments (`megatron/arguments.py`, parse_data_paths): a group is
 "NAME: W1 START:END PREFIX1, W2 START:END PREFIX2"; the `-path` variants read a file holding one
 line of space-separated quoted groups. This module parses them with a position for every mistake;
-tinylab/t0/data.py turns them into mixture sources.
+tinylab/t0/mixture.py turns them into mixture sources.
 """
 import contextlib
 import math

@@ -6,7 +6,8 @@ import statistics
 import numpy as np
 import torch
 
-from tinylab.t0.data import ExampleEncoder, position_ids, usable
+from tinylab.t0.batches import position_ids
+from tinylab.t0.encode import ExampleEncoder, usable
 
 # why a record cannot be ranked (skip_reasons' keys, in the order they are checked)
 NO_TEXT, NO_CHOICES, NOT_A_CHOICE = ("no inputs/targets text", "fewer than 2 non-empty answer_choices",
