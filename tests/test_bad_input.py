@@ -1802,15 +1802,6 @@ def test_an_empty_raw_shard_is_named_and_left_out_of_kept_fraction(world, tmp_pa
     assert_nothing_lost(before, snapshot(raw))
 
 
-def test_staged_training_warmup_longer_than_the_run_is_a_notice(tmp_path):
-    """eval_wikitext.py train reproduces staged-training's trainer, which runs a warmup longer than
-    --train-steps (get_linear_schedule_with_warmup: the rate rises all along): a notice, not an error."""
-    from test_eval_wikitext import train as wikitext_train
-    proc = wikitext_train(tmp_path, tmp_path / "run", steps=2, check=True)  # --warmup-steps 100
-    assert "notice: --warmup-steps=100 is longer than --train-steps=2" in proc.stdout
-    assert [r["iter"] for r in records(tmp_path / "run", "train")] == [0]  # it ran (a record every 10 steps)
-
-
 # ---------------------------------------------------------------------- sweep.py: keys read without running the program
 
 EXITS_AT_IMPORT = """\

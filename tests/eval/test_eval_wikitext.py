@@ -526,3 +526,12 @@ def test_chunk_batches_shuffle_resume_and_ranks(tmp_path):
         assert torch.equal(torch.cat([next(r0)[0], next(r1)[0]]), want[0])
     with pytest.raises(Exception, match="another data stream"):
         ChunkBatches(tf, 8, 4, bos_id=1, eos_id=2, seed=8).load_state_dict(probe.state_dict())
+
+
+def test_staged_training_warmup_longer_than_the_run_is_a_notice(tmp_path):
+    """eval_wikitext.py train reproduces staged-training's trainer, which runs a warmup longer than
+    --train-steps (get_linear_schedule_with_warmup: the rate rises all along): a notice, not an error."""
+    from conftest import records
+    proc = train(tmp_path, tmp_path / "run", steps=2, check=True)  # --warmup-steps 100
+    assert "notice: --warmup-steps=100 is longer than --train-steps=2" in proc.stdout
+    assert [r["iter"] for r in records(str(tmp_path / "run"), "train")] == [0]  # it ran (a record every 10 steps)
