@@ -38,7 +38,6 @@ from conftest import (
     WIKITEXT,
     assert_one_line_error,
     make_t0_setup,
-    records,
     run_cli,
     run_main,
 )
