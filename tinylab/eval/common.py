@@ -15,7 +15,7 @@ from tinylab.core.errors import UserError, first_line
 from tinylab.core.fileio import atomic_file, read_text, write_atomic  # noqa: F401  write_atomic: feature_judge
 from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
 from tinylab.interop import hub
-from tinylab.interop.formats import imported_checkpoint, read_hf
+from tinylab.interop.hf import imported_checkpoint, read_hf
 
 
 def is_hf_dir(path: str) -> bool:
