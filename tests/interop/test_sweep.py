@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from conftest import REPO, assert_one_line_error, read_metrics, run_main
 
-from tinylab.interop import sweeps as sweep
+from tinylab.interop import sweep_file as sweep
 from tinylab.schema import TRAIN
 
 # a program with the interface sweep.py relies on: DEFAULTS (importable without side effects),
