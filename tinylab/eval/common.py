@@ -38,7 +38,7 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
 
 
 def load_for_args(a):
-    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's; their
+    """(model, checkpoint, tokenizer) for the flags of keys.EVAL_KEYS (every evaluation tool's; their
     --out files were checked by the output guard when the flags were parsed)."""
     model, ckpt = load_model(a.checkpoint, a.device, a.dtype)
     return model, ckpt, model_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)
