@@ -1,6 +1,6 @@
 """What the evaluation CLIs share: the model (our checkpoint or an HF Llama folder, imported in
 memory), its tokenizer, local and hub text data, and the one machine-readable output line (their
-common flags are schema.py's EVAL).
+common flags are keys.py's EVAL_KEYS).
 
 Every CLI ends its stdout with one JSON line of its metrics (and writes the same object to
 --out=FILE when asked), so scripts read the last line and people read the summary above it.
