@@ -1805,8 +1805,12 @@ def test_an_empty_raw_shard_is_named_and_left_out_of_kept_fraction(world, tmp_pa
 def test_staged_training_warmup_longer_than_the_run_is_a_notice(tmp_path):
     """eval_wikitext.py train reproduces staged-training's trainer, which runs a warmup longer than
     --train-steps (get_linear_schedule_with_warmup: the rate rises all along): a notice, not an error."""
-    from test_eval_wikitext import train as wikitext_train
-    proc = wikitext_train(tmp_path, tmp_path / "run", steps=2, check=True)  # --warmup-steps 100
+    import importlib.util  # the helper lives with the WikiText tests, in tests/eval/ (not on sys.path when run alone)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval", "test_eval_wikitext.py")
+    spec = importlib.util.spec_from_file_location("eval_wikitext_tests", path)
+    wikitext_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wikitext_tests)
+    proc = wikitext_tests.train(tmp_path, tmp_path / "run", steps=2, check=True)  # --warmup-steps 100
     assert "notice: --warmup-steps=100 is longer than --train-steps=2" in proc.stdout
     assert [r["iter"] for r in records(tmp_path / "run", "train")] == [0]  # it ran (a record every 10 steps)
 
