@@ -8,9 +8,10 @@
     python export.py out/imported --import_hf=path/to/hf_llama_dir        # HF Llama -> ckpt.pt
     python export.py out/imported --import_bin=model.bin                  # llama2.c .bin -> ckpt.pt
 
-The formats (docs/interop.md) are tinylab/interop/formats.py's. Two layouts of the same network meet
-there: llama2.c/Meta rotate adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2);
-the rows of wq and wk are permuted per head on the way to HF and back on the way in.
+The formats (docs/interop.md) are tinylab/interop/llama2c.py's (.bin files) and hf.py's (HF folders).
+Two layouts of the same network meet there: llama2.c/Meta rotate adjacent pairs (2i, 2i+1) of each
+head, HF rotates (i, i + head_dim/2); the rows of wq and wk are permuted per head on the way to HF
+and back on the way in.
 
 An import output ending in .pt is the checkpoint file; anything else is a folder that gets ckpt.pt,
 which is what `train.py --init_from=resume_model --model_dir=DIR` reads.
@@ -23,15 +24,8 @@ from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint, save
 from tinylab.core.config import Key, Schema
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.outputs import declared_inputs, guard_file, guard_folder
-from tinylab.interop.formats import (
-    export_bin,
-    export_hf,
-    export_tokenizer,
-    import_output_path,
-    imported_checkpoint,
-    read_bin,
-    read_hf,
-)
+from tinylab.interop.hf import export_hf, import_output_path, imported_checkpoint, read_hf
+from tinylab.interop.llama2c import export_bin, export_tokenizer, read_bin
 
 SCHEMA = Schema("export.py", [("export / import", [
     Key("version", None, "format of a --checkpoint export: 0 (default), 1, 2 = llama2.c .bin (2 = int8 Q8_0); "

@@ -36,6 +36,7 @@ it), so this reads the same YAML (docs/interop.md) and does the agent's job:
 from tinylab.core.config import ArgParser
 from tinylab.core.errors import UserError, cli_main
 from tinylab.interop.sweeps import REPO, run_sweep
+from tinylab.schema import DRIVERS  # this repository's programs, whose keys a sweep is checked against
 
 
 def main(argv=None):
@@ -56,7 +57,7 @@ def main(argv=None):
     if a.parallel < 1:
         raise UserError(f"--parallel must be at least 1, not {a.parallel}")
 
-    run_sweep(a.sweep, a.count, a.seed, a.dry_run, a.out_dir, a.wandb_mode, a.parallel, a.workdir)
+    run_sweep(a.sweep, a.count, a.seed, a.dry_run, a.out_dir, a.wandb_mode, a.parallel, a.workdir, drivers=DRIVERS)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ probes=True / lenses=True train the original's per-layer heads on the frozen mod
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import Shape, check_training
 from tinylab.data.pretokenized import BatchLoader, check_dataset, dataset_dir
-from tinylab.eval.lm_eval import LMEvaluator, dataset_vocab, lm_tokenizer
+from tinylab.eval.lm_eval import GenerationOptions, LMEvaluator, dataset_vocab, lm_tokenizer
 from tinylab.eval.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.growth.hook import GrowthHook
 from tinylab.schema import TRAIN
@@ -64,12 +64,14 @@ def main(argv=None):
                               world_size=run.dist.world_size, split_shards_pretrain=cfg["split_shards_pretrain"],
                               pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device,
                               split_on_bos=cfg["probes"])  # probes read each window's story
+        generation = GenerationOptions.from_config(cfg)
         if heads is None:
-            evaluator = LMEvaluator(cfg, run, tokenizer)
+            evaluator = LMEvaluator(cfg, run, tokenizer, generation)
         else:
-            batches, evaluator = heads.batches(batches, tokenizer), HeadsEvaluator(cfg, run, tokenizer, heads)
+            batches = heads.batches(batches, tokenizer)
+            evaluator = HeadsEvaluator(cfg, run, tokenizer, generation, heads)
         trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
-                          generation_every=cfg["generation_eval_interval_multiplier"],
+                          generation_every=generation.interval_multiplier,
                           batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"],
                           heads=heads)
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run

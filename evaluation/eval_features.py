@@ -47,9 +47,9 @@ from tinylab.data.dataset_spec import FEATURES
 from tinylab.data.pretokenized import check_dataset
 from tinylab.eval.common import cache_dir_of, emit, layout_vocab, load_for_args
 from tinylab.eval.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
-from tinylab.eval.lm_eval import generate_rows
+from tinylab.eval.lm_eval import MAX_NEW_TOKENS, TEMPERATURE, TOP_K, generate_rows
 from tinylab.eval.run_tables import open_run
-from tinylab.schema import EVAL, MAX_NEW_TOKENS, TEMPERATURE, TOP_K
+from tinylab.schema import EVAL
 
 SCHEMA = EVAL.derive("evaluation/eval_features.py", sections=[("feature score", [
     Key("feature", "Twist", "the feature asked for and judged", choices=FEATURES),

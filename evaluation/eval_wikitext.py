@@ -58,7 +58,7 @@ from tinylab.eval.staged_eval import (
 )
 from tinylab.eval.token_files import TokenFile, check_special_ids, ordered_batches
 from tinylab.interop import hub
-from tinylab.schema import DEVICE, EVAL
+from tinylab.schema import DEVICE, EVAL, TRAIN
 
 SCHEMA = EVAL.derive("evaluation/eval_wikitext.py", sections=[("WikiText", [
     Key("data", "hf", "'hf' (wikitext-103-raw-v1 test via `datasets`) or a local text / .jsonl / .parquet file",
@@ -261,7 +261,7 @@ def original_train(argv):
     for name in ("train_dataset_path", "validation_dataset_path"):
         parser.add_input(name, metavar=name.upper())
     parser.add_output("log_dir", metavar="LOG_DIR", kind="run")  # a run folder: staged_train's RunDir
-    run_train(TRAIN_SCHEMA.parse_args(flag_argv(argv, TRAIN_SCHEMA), parser))
+    run_train(TRAIN_SCHEMA.parse_args(flag_argv(argv, TRAIN_SCHEMA), parser), TRAIN)  # the run is a train.py run
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ from model import ATTENTION_IMPLS, flex_attention
 from tinylab.core.config import Key, Schema, check_device
 from tinylab.core.distributed import PARALLELISMS, check_fsdp_setting
 from tinylab.core.errors import UserError
-from tinylab.data.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
+from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
+from tinylab.eval.lm_eval import GENERATION_KEYS, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, check_generation_datasets
+from tinylab.eval.probes import HEADS_KEYS, check_heads
 from tinylab.growth.operators import (
     C_DEPTH,
     C_WIDTH,
@@ -129,17 +132,6 @@ MODEL = [
     Key("tie_embeddings", True, "share the token embedding with the output head (llama2.c)"),
 ]
 
-# the original's auxiliary heads on a frozen model (tinylab/eval/probes.py; docs/evaluation.md, "Probes and lenses in training")
-HEADS = [
-    Key("probes", False, "train per-layer linear feature probes on blocks 0..n_layers-2 of the frozen model (story-only "
-        "inputs, BCE on the Features labels): loss/<key>/probe_<i>, acc/<key>/probe_<i>, acc/<key>/feat_<j>/probe_<i>"),
-    Key("probes_classes", len(STORY_FEATURES), "outputs per probe: the first N features in STORY_FEATURES order "
-        "(twist, foreshadowing, dialogue, badending, moralvalue, conflict)", range=f"[1, {len(STORY_FEATURES)}]"),
-    Key("lenses", False, "train a linear lens dim -> vocab per block 0..n_layers-2 of the frozen model (next-token loss "
-        "at every position): loss/<key>/probe_<i>, i = n_layers-1 the model's own head"),
-    Key("init_lens_with_unembed", False, "lenses start as copies of the output head (else N(0, 0.02))"),
-]
-
 LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
 OPTIMIZER = [
     Key("gradient_accumulation_steps", 4, "micro-steps per optimizer step, over all processes (divided among them)",
@@ -188,21 +180,6 @@ GROWTH = [
     Key("grow_schedule", "", "grow inside the run: '2000:weights,6000:layers' (double width / depth after those "
         "iterations) or 'auto:weights,layers' (when the paper's slope rule fires on loss/test; docs/growth.md §7)"),
     GROW_MODE, GROW_SB, GROW_C_WIDTH, GROW_C_DEPTH, GROW_REWARMUP,
-]
-
-MAX_NEW_TOKENS = Key("max_new_tokens", 350, "tokens generated per prompt; 0 = no generations", range=NONNEG)
-TEMPERATURE = Key("temperature", 1.0, "sampling temperature; 0 = greedy", range=NONNEG)
-TOP_K = Key("top_k", 0, "sample among the k most likely tokens; 0 = all", range=NONNEG)
-GENERATION = [
-    TEMPERATURE, TOP_K, MAX_NEW_TOKENS,
-    Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size; "
-        "0 = no generations", range=NONNEG),
-    Key("generation_batch_size", 16, "prompts generated together", range=COUNT,
-        aliases=("generation_eval_batch_size",)),
-    Key("generation_eval_interval_multiplier", 1, "generations every N evaluations", range=COUNT),
-    Key("generation_datasets", [], "which of 'id' and eval_dataset_names get generations; [] = all of them"),
-    Key("feature_eval", "", "a feature to judge in the generations, logged as gen_feature_score "
-        "(evaluation/eval_features.py)", choices=("",) + FEATURES),
 ]
 
 DEVICE = Key("device", "", "cpu, cuda, cuda:N, mps; '' = the best available", check=check_device)
@@ -274,12 +251,6 @@ def check_init(cfg):
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
 
 
-def check_generation_datasets(cfg):
-    unknown = sorted(set(cfg["generation_datasets"]) - {"id", *cfg["eval_dataset_names"]})
-    if unknown:
-        raise UserError(f"generation_datasets names {unknown}, which are neither 'id' nor in eval_dataset_names")
-
-
 def check_growth(cfg):
     schedule = parse_grow_schedule(cfg)
     parse_auto_growth(cfg)
@@ -310,30 +281,15 @@ def check_parallelism(cfg):
                         "grow the fsdp run's ckpt.pt with grow.py and resume that with parallelism=fsdp")
 
 
-def check_heads(cfg):
-    if cfg["probes"] and cfg["lenses"]:
-        raise UserError("probes=True and lenses=True: one kind of heads per run (the original logs both as "
-                        "loss/<key>/probe_<i>, and trains them on different batches)")
-    if cfg["init_lens_with_unembed"] and not cfg["lenses"]:
-        raise UserError("init_lens_with_unembed=True needs lenses=True")
-    kind = "probes" if cfg["probes"] else "lenses" if cfg["lenses"] else None
-    if kind and cfg["grow_schedule"]:
-        raise UserError(f"{kind}=True trains heads on a frozen model: it cannot grow (grow_schedule)")
-    if kind == "probes" and (cfg["warmup_bsz"] or cfg["warmup_seq"]):
-        raise UserError("probes=True reads whole stories: batch-size / sequence-length warmups do not apply")
-    if kind == "probes" and cfg["feature_eval"]:
-        raise UserError("feature_eval judges generations, which a probes=True run does not make")
-
-
 def prepare_train(cfg):
     return apply_optimizer_preset(cfg, TRAIN.defaults())
 
 
 TRAIN = Schema("train.py", [
     ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL),
-    ("probes and lenses: heads trained on the frozen model", HEADS), ("optimizer and schedule", OPTIMIZER),
+    ("probes and lenses: heads trained on the frozen model", HEADS_KEYS), ("optimizer and schedule", OPTIMIZER),
     ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
-    ("generation evaluation", GENERATION), ("system", SYSTEM),
+    ("generation evaluation", GENERATION_KEYS), ("system", SYSTEM),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
        check_heads, check_parallelism],
     prepare=prepare_train)
@@ -385,7 +341,7 @@ FINETUNE_T0 = TRAIN.derive(
           INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
                        "resume_train: continue out_dir")],
     # the model's shape comes from the base checkpoint; these are language-modelling keys
-    drop=[k.name for k in LM_DATA + GROWTH + GENERATION + HEADS] + [k.name for k in MODEL if k is not DROPOUT],
+    drop=[k.name for k in LM_DATA + GROWTH + GENERATION_KEYS + HEADS_KEYS] + [k.name for k in MODEL if k is not DROPOUT],
     sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
               ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START)],
     rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
@@ -394,11 +350,6 @@ FINETUNE_T0 = TRAIN.derive(
 
 
 # ---------------------------------------------------------------------- the tools
-
-CHECKPOINT = Key("checkpoint", "out/ckpt.pt", "our checkpoint (ckpt.pt or its folder) or a Hugging Face Llama folder",
-                 nonempty=True, input=True)
-TOOL_DATA_CACHE = DATA_CACHE_DIR.replace(default="", nonempty=False,
-                                         help="where tokenizers and datasets live (default: the checkpoint's config)")
 
 SAMPLE = Schema("sample.py", [
     ("sampling", [CHECKPOINT.replace(help="checkpoint (ckpt.pt or its folder)"),
@@ -469,48 +420,11 @@ GROW = Schema("grow.py", [
     ]),
 ])
 
-EVAL = Schema("evaluation", [
-    ("model", [CHECKPOINT, TOKENIZER_MODEL.replace(help="sentencepiece .model (default: the one the checkpoint's "
-                                                   "config names)"),
-               TOOL_DATA_CACHE, DEVICE.replace(help="cpu, cuda, ... ('' = cuda when available)"),
-               DTYPE.replace(default="float32", choices=DTYPES, help="precision of the model"),
-               BATCH_SIZE.replace(default=8, help="sequences per forward pass"), SEED,
-               Key("out", "", "also write the metrics JSON to this file (an existing one only with --force)",
-                   output="json"),
-               Key("force", False, "replace an existing --out (never a checkpoint, a run's files or another kind)")]),
-])
-
-
-def _check_pairs(pairs):
-    for p in pairs:
-        a, sep, b = p.partition(":")
-        if not (sep and a.strip().isdigit() and b.strip().isdigit()) or int(a) == int(b):
-            return f"{p!r} is not a pair A:B of two different checkpoint positions (0 = the first), e.g. 0:1"
-    return None
-
-
-def check_compare(cfg):
-    if cfg["dataset"] and cfg["prompts"]:
-        raise UserError("--dataset and --prompts both name the prompts; pass one of them")
-
+EVAL = Schema("evaluation", [("model", EVAL_KEYS)])  # every evaluation tool's flags (tinylab/eval/keys.py)
 
 # evaluation/compare_checkpoints.py: its checkpoints are positional (two or more), not --checkpoint
-COMPARE = EVAL.derive("evaluation/compare_checkpoints.py", drop=["checkpoint", "force"], rules=[check_compare], keys=[
-    EVAL.keys["out"].replace(help="also write the JSON to this file (an existing one only with --force)")],
-    sections=[("comparison", [
-        Key("dataset", "", "pretokenized dataset (in the first checkpoint's data cache) whose test examples are the "
-            "prompts; '' = the dataset the first checkpoint was trained on"),
-        Key("prompts", "", "instead of --dataset: a prompt file (plain text: one per line; .jsonl: a 'text' field "
-            "or a JSON string per line)", input=True),
-        Key("num_prompts", 64, "prompts: a seeded choice of test examples of --dataset, or the first N of --prompts",
-            range=COUNT),
-        Key("story_only", False, "--dataset: BOS + the story (the probes' inputs) instead of the whole example"),
-        Key("pairs", [], "pairs to compare as A:B positions (0 = the first checkpoint), e.g. 0:1,1:2; [] = each "
-            "consecutive pair and each checkpoint against the first", check=_check_pairs),
-        Key("labels", [], "names of the checkpoints in the outputs, one each; [] = their run folders' names"),
-        Key("plot", "", "also draw the heat maps to this PNG (an existing one only with --force)", output="png"),
-        Key("force", False, "replace an existing --out / --plot"),
-    ])])
+COMPARE = EVAL.derive("evaluation/compare_checkpoints.py", drop=["checkpoint", "force"], rules=[check_compare],
+                      keys=[COMPARE_OUT], sections=[("comparison", COMPARE_KEYS)])
 
 # the drivers by file name (sweep.py checks a sweep's parameters against them)
 DRIVERS = {"train.py": TRAIN, "finetune_t0.py": FINETUNE_T0}

@@ -170,7 +170,7 @@ def test_cli_unreachable_hub_fails_at_once(tmp_path, monkeypatch):
 def test_hf_llama_folder_gives_the_same_numbers(tmp_path):
     """An HF Llama folder (with its tokenizer.model) is imported in memory: same perplexity."""
     from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint
-    from tinylab.interop.formats import export_hf
+    from tinylab.interop.hf import export_hf
     ckpt = tiny_ckpt(tmp_path)
     export_hf(model_from_checkpoint(load_checkpoint(ckpt)), str(tmp_path / "hf"), tokenizer=TOK8192, log=lambda *a: None)
     data = tmp_path / "wiki.txt"

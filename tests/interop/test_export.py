@@ -19,7 +19,7 @@ from conftest import tiny_model as shared_tiny_model
 import export as export_cli
 from tinylab.core.checkpoint import load_checkpoint, model_args_dict, save_checkpoint
 from tinylab.core.errors import UserError
-from tinylab.interop import formats as export
+from tinylab.interop import hf, llama2c
 
 TOKENS = np.array([[1, 5, 9, 33, 2, 60, 17, 3, 41, 8, 0, 12], [7, 7, 63, 1, 22, 5, 30, 49, 11, 2, 6, 4]])
 
@@ -205,7 +205,7 @@ def test_bin_v0_v1_independent_reader_matches_logits(tmp_path, n_kv_heads, tied)
         if version == (0 if tied else 1):  # each version once through the CLI, once in-process
             run_main("export.py", [str(out), f"--version={version}", f"--checkpoint={ckpt}"], check=True)
         else:
-            export.export_bin(model, str(out), version, log=lambda *a: None)
+            llama2c.export_bin(model, str(out), version, log=lambda *a: None)
         hp, W, extra = np_read_bin(out)
         assert (hp["version"], hp["dim"], hp["hidden"], hp["L"], hp["H"], hp["KV"], hp["V"], hp["S"], hp["shared"]) == \
             (version, 32, 96, 2, 4, n_kv_heads, 64, 16, tied)
@@ -279,12 +279,12 @@ def test_import_bin_round_trip(tmp_path):
         model = tiny_model(n_kv_heads, tied, seed=3)
         for version in (0, 1, 2):
             out = tmp_path / f"m{n_kv_heads}_{version}.bin"
-            export.export_bin(model, str(out), version, log=lambda *a: None)
+            llama2c.export_bin(model, str(out), version, log=lambda *a: None)
             dest = tmp_path / f"imported{n_kv_heads}_{version}"
             if version == 0 and not tied:  # once through the CLI (a folder output gets ckpt.pt) ...
                 run_main("export.py", [str(dest), f"--import_bin={out}"], check=True)
             else:  # ... the rest in-process, to keep the test fast
-                save_checkpoint(export.imported_checkpoint(*export.read_bin(str(out)), "test"), str(dest / "ckpt.pt"))
+                save_checkpoint(hf.imported_checkpoint(*llama2c.read_bin(str(out)), "test"), str(dest / "ckpt.pt"))
             ck = load_checkpoint(str(dest / "ckpt.pt"))
             assert ck["iter_num"] == 0 and ck["optimizer"] is None and ck["best_val_loss"] == 1e9
             assert ck["model_args"]["tie_embeddings"] == tied and ck["model_args"]["hidden_dim"] == 96
@@ -329,19 +329,19 @@ def test_tokenizer_bin_round_trip(tmp_path):
 def test_rope_permutation_is_the_spec_mapping():
     h, n_heads, cols = 8, 3, 5
     w = torch.arange(n_heads * h * cols, dtype=torch.float32).reshape(n_heads * h, cols)
-    hf = export.permute_rope(w, n_heads)
+    rows = hf.permute_rope(w, n_heads)
     for n in range(n_heads):
         for i in range(h // 2):
             for j in (0, 1):
-                assert torch.equal(hf[n * h + j * (h // 2) + i], w[n * h + 2 * i + j])
-    assert torch.equal(export.unpermute_rope(hf, n_heads), w)
+                assert torch.equal(rows[n * h + j * (h // 2) + i], w[n * h + 2 * i + j])
+    assert torch.equal(hf.unpermute_rope(rows, n_heads), w)
 
 
 def hf_logits(path, tokens=TOKENS):
     from transformers import LlamaForCausalLM
-    hf = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    llama = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
-        return hf(torch.as_tensor(tokens)).logits.double().numpy()
+        return llama(torch.as_tensor(tokens)).logits.double().numpy()
 
 
 def kl(p_logits, q_logits):
@@ -364,7 +364,7 @@ def test_hf_export_matches_transformers_and_imports_back(tmp_path, n_kv_heads, t
     extra = {"rope_theta": 50000.0} if (n_kv_heads, tied) == (2, False) else {}  # a non-default theta must travel
     model = tiny_model(n_kv_heads, tied, **extra)
     out = tmp_path / "hf"
-    export.export_hf(model, str(out), log=lambda *a: None)
+    hf.export_hf(model, str(out), log=lambda *a: None)
     cfg = json.load(open(out / "config.json"))
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["rms_norm_eps"] == 1e-5
     theta = extra.get("rope_theta", 10000.0)
@@ -382,7 +382,7 @@ def test_hf_export_matches_transformers_and_imports_back(tmp_path, n_kv_heads, t
     print(f"HF kv={n_kv_heads} tied={tied}: max |dlogits| = {err:.2e}, KL = {kl(ref, got):.2e}")
     assert err <= 1e-5 and abs(kl(ref, got)) < 1e-10
 
-    args, state = export.read_hf(str(out))
+    args, state = hf.read_hf(str(out))
     assert args.tie_embeddings is tied and args.kv_heads() == n_kv_heads and args.rope_theta == theta
     for k, v in model.state_dict().items():
         assert torch.equal(state[k], v), k
@@ -391,7 +391,7 @@ def test_hf_export_matches_transformers_and_imports_back(tmp_path, n_kv_heads, t
 def test_hf_export_without_permutation_differs(tmp_path):
     """Negative control: the RoPE permutation matters, so the comparison above can fail."""
     model = tiny_model(2, True)
-    export.export_hf(model, str(tmp_path / "hf"), permute=False, log=lambda *a: None)
+    hf.export_hf(model, str(tmp_path / "hf"), permute=False, log=lambda *a: None)
     ref, got = our_logits(model), hf_logits(tmp_path / "hf")
     err = np.abs(ref - got).max()
     print(f"HF without the RoPE permutation: max |dlogits| = {err:.2e}, KL = {kl(ref, got):.2e}")
@@ -406,7 +406,7 @@ def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
     model = tiny_model(2, False)
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
     run_main("export.py", [str(tmp_path / "hf"), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={tok}"], check=True)
-    assert sorted(os.listdir(tmp_path / "hf")) == sorted(export.HF_FILES)
+    assert sorted(os.listdir(tmp_path / "hf")) == sorted(hf.HF_FILES)
     text = "Once upon a time, there was a little girl named Lily."
     ids = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(text)["input_ids"]
     assert ids == [1] + spm.SentencePieceProcessor(model_file=tok).encode(text)
@@ -460,7 +460,7 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
         ([str(tmp_path / "imp"), f"--import_bin={ckpt}"], "not a llama2.c model file"),
         ([str(tmp_path)], "nothing to do"),
     ]
-    llama = json.loads(json.dumps(export.hf_config(model)))
+    llama = json.loads(json.dumps(hf.hf_config(model)))
     for field, value in (("hidden_act", "gelu"), ("attention_bias", True), ("rope_scaling", {"rope_type": "linear", "factor": 2.0})):
         odd = tmp_path / f"odd_{field}"
         odd.mkdir()
@@ -471,7 +471,7 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
             export_cli.main(argv)
     # a truncated llama2.c file is refused, not misread
     good = tmp_path / "good.bin"
-    export.export_bin(model, str(good), 1, log=lambda *a: None)
+    llama2c.export_bin(model, str(good), 1, log=lambda *a: None)
     bad = tmp_path / "bad.bin"
     bad.write_bytes(good.read_bytes()[:-4])
     with pytest.raises(UserError, match="bytes, but its v1 header describes"):
@@ -498,7 +498,7 @@ def test_hf_import_refuses_damaged_safetensors(tmp_path):
     never an import with zeroed weights (the old reader substituted zeros past the end of the file)."""
     model = tiny_model(2, False)
     good = tmp_path / "good"
-    export.export_hf(model, str(good), log=lambda *a: None)
+    hf.export_hf(model, str(good), log=lambda *a: None)
     header, body = split_safetensors(good / "model.safetensors")
     tensors = sorted((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__")
     (last_begin, _), last = tensors[-1]
@@ -527,35 +527,35 @@ def test_hf_import_refuses_damaged_safetensors(tmp_path):
         ("past_end", join_safetensors(past_end, body), [mid, "outside"]),
     ]
     for case, data, fragments in cases:
-        hf = tmp_path / case
-        hf.mkdir()
-        (hf / "config.json").write_bytes((good / "config.json").read_bytes())
-        (hf / "model.safetensors").write_bytes(data)
+        folder = tmp_path / case
+        folder.mkdir()
+        (folder / "config.json").write_bytes((good / "config.json").read_bytes())
+        (folder / "model.safetensors").write_bytes(data)
         out = tmp_path / f"imp_{case}.pt"
         if case in ("cut_at_tensor", "cut_in_tensor"):  # the reported bugs, through the CLI
-            proc = run_main("export.py", [str(out), f"--import_hf={hf}"])
-            assert_one_line_error(proc, str(hf / "model.safetensors"), *fragments)
+            proc = run_main("export.py", [str(out), f"--import_hf={folder}"])
+            assert_one_line_error(proc, str(folder / "model.safetensors"), *fragments)
             assert proc.returncode == 2
         else:
             with pytest.raises(UserError) as e:
-                export_cli.main([str(out), f"--import_hf={hf}"])
-            assert str(hf / "model.safetensors") in str(e.value) and "\n" not in str(e.value), case
+                export_cli.main([str(out), f"--import_hf={folder}"])
+            assert str(folder / "model.safetensors") in str(e.value) and "\n" not in str(e.value), case
             for fragment in fragments:
                 assert fragment in str(e.value), (case, str(e.value))
         assert not out.exists(), case
     # the undamaged file still imports exactly, and a 0-element tensor is legal (not a cut)
-    args, state = export.read_hf(str(good))
+    args, state = hf.read_hf(str(good))
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     empty = tmp_path / "empty.safetensors"
     empty.write_bytes(join_safetensors({"e": {"dtype": "F16", "shape": [0, 3], "data_offsets": [0, 0]}}, b""))
-    assert export.read_safetensors(str(empty))["e"].shape == (0, 3)
+    assert hf.read_safetensors(str(empty))["e"].shape == (0, 3)
     assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
 
 
 def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     model = tiny_model(2, False)
     good = tmp_path / "good"
-    export.export_hf(model, str(good), log=lambda *a: None)
+    hf.export_hf(model, str(good), log=lambda *a: None)
     names = list(split_safetensors(good / "model.safetensors")[0])
     names.remove("__metadata__")
 
@@ -572,7 +572,7 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     # once every shard is there, the same index imports
     weight_map[names[-1]] = "model-00001-of-00002.safetensors"
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    assert all(torch.equal(export.read_hf(str(sharded))[1][k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(hf.read_hf(str(sharded))[1][k], v) for k, v in model.state_dict().items())
     (sharded / "model.safetensors.index.json").write_text("{")
     with pytest.raises(UserError, match="model.safetensors.index.json is not a readable shard index"):
         export_cli.main([str(tmp_path / "imp_index.pt"), f"--import_hf={sharded}"])
@@ -581,8 +581,8 @@ def test_hf_import_missing_shard_or_unreadable_bin(tmp_path):
     binned = tmp_path / "binned"
     binned.mkdir()
     (binned / "config.json").write_bytes((good / "config.json").read_bytes())
-    torch.save(export.hf_state_dict(model), str(binned / "pytorch_model.bin"))
-    assert all(torch.equal(export.read_hf(str(binned))[1][k], v) for k, v in model.state_dict().items())
+    torch.save(hf.hf_state_dict(model), str(binned / "pytorch_model.bin"))
+    assert all(torch.equal(hf.read_hf(str(binned))[1][k], v) for k, v in model.state_dict().items())
     weights = binned / "pytorch_model.bin"
     weights.write_bytes(b"this is not a zip archive nor a pickle")
     proc = run_main("export.py", [str(tmp_path / "imp_bin.pt"), f"--import_hf={binned}"])
@@ -600,20 +600,20 @@ def test_version_is_checked_in_every_mode(tmp_path):
     it does nothing (imports, the tokenizer .bin) is refused too instead of silently ignored."""
     model = tiny_model()
     ckpt = save_tiny(tmp_path / "ckpt.pt", model)
-    hf = tmp_path / "hf"
-    export.export_hf(model, str(hf), log=lambda *a: None)
+    hf_dir = tmp_path / "hf"
+    hf.export_hf(model, str(hf_dir), log=lambda *a: None)
     good_bin = tmp_path / "good.bin"
-    export.export_bin(model, str(good_bin), 1, log=lambda *a: None)
+    llama2c.export_bin(model, str(good_bin), 1, log=lambda *a: None)
     tok = TOK8192
     out = tmp_path / "out"
     # the old code imported / wrote the tokenizer with rc 0 here
-    assert_one_line_error(run_main("export.py", [str(out), "--version=3", f"--import_hf={hf}"]), "--version=3: must be one of")
+    assert_one_line_error(run_main("export.py", [str(out), "--version=3", f"--import_hf={hf_dir}"]), "--version=3: must be one of")
     cases = [
         ([str(out), "--version=9", f"--import_bin={good_bin}"], "--version=9: must be one of"),
         ([str(out), "--version=-2", f"--tokenizer={tok}"], "--version=-2: must be one of"),
         ([str(out), "--version=5"], "--version=5: must be one of"),
         ([str(out), "--version=1", f"--import_bin={good_bin}"], "--version=1 applies only to a --checkpoint export"),
-        ([str(out), "--version=0", f"--import_hf={hf}"], "--version=0 applies only to a --checkpoint export"),
+        ([str(out), "--version=0", f"--import_hf={hf_dir}"], "--version=0 applies only to a --checkpoint export"),
         ([str(out), "--version=-1", f"--tokenizer={tok}"], "--version=-1 applies only to a --checkpoint export"),
         # --group_size only shapes v2's quantisation: elsewhere it would be silently ignored
         ([str(out), "--version=1", f"--checkpoint={ckpt}", "--group_size=32"], "--group_size=32 applies only to --version=2"),
@@ -639,7 +639,7 @@ def test_train_fine_tunes_an_imported_checkpoint(lab_corpus, tmp_path):
     model = shared_tiny_model(vocab_size=vocab, max_seq_len=32, tie_embeddings=False)
     original = tmp_path / "original"
     save_tiny(original / "ckpt.pt", model)
-    export.export_hf(model, str(tmp_path / "hf"), log=lambda *a: None)
+    hf.export_hf(model, str(tmp_path / "hf"), log=lambda *a: None)
     run_main("export.py", [str(tmp_path / "imported"), f"--import_hf={tmp_path / 'hf'}"], check=True)
 
     def first_eval(model_dir, out, **extra):
@@ -662,8 +662,8 @@ def test_hf_import_of_half_precision_weights(tmp_path, dtype, code):
     the rounded weights (compared here with the exported fp32 weights cast the same way)."""
     model = tiny_model(2, False)
     folder = tmp_path / "hf"
-    export.export_hf(model, str(folder), log=lambda *a: None)
-    tensors = export.read_safetensors(str(folder / "model.safetensors"))
+    hf.export_hf(model, str(folder), log=lambda *a: None)
+    tensors = hf.read_safetensors(str(folder / "model.safetensors"))
     new_header, chunks, offset = {}, [], 0
     for name, t in tensors.items():
         raw = t.to(dtype).contiguous().view(torch.int16).numpy().tobytes()
@@ -671,7 +671,7 @@ def test_hf_import_of_half_precision_weights(tmp_path, dtype, code):
         chunks.append(raw)
         offset += len(raw)
     (folder / "model.safetensors").write_bytes(join_safetensors(new_header, b"".join(chunks)))
-    args, state = export.read_hf(str(folder))
+    args, state = hf.read_hf(str(folder))
     ours = model.state_dict()
     for k, v in state.items():
         assert v.dtype == torch.float32

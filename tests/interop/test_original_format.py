@@ -21,7 +21,7 @@ from conftest import (
 
 from tinylab.core.errors import UserError
 from tinylab.data import tokenizer as tok_lib
-from tinylab.interop.formats import export_tokenizer, read_bin
+from tinylab.interop.llama2c import export_tokenizer, read_bin
 from tinylab.schema import TRAIN
 from tinylab.training.trainer import Run, Trainer
 

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 from conftest import REPO, assert_one_line_error, read_metrics, run_main
 
-from tinylab.interop import sweeps as sweep
+from tinylab.interop import sweep_file as sweep
+from tinylab.interop import sweeps as runner
 from tinylab.schema import TRAIN
 
 # a program with the interface sweep.py relies on: DEFAULTS (importable without side effects),
@@ -299,3 +300,12 @@ def test_repository_sweeps_match_train_config_keys():
         assert "share out_dir" not in proc.stderr and "out/sweeps/" not in proc.stdout
     deletion = run_main("sweep.py", [os.path.join(REPO, "sweeps", "deletion.yaml"), "--dry_run"], cwd=REPO).stdout
     assert len([l for l in deletion.splitlines() if l.startswith("/usr/bin/env")]) == 24
+
+
+def test_the_drivers_keys_come_from_the_caller(capsys):
+    """The runner takes the repository's drivers' schemas from its caller (sweep.py passes
+    schema.py's): given them, train.py's keys are TRAIN's; without them train.py is read
+    statically like any program, and its SCHEMA, built only when it runs, leaves it unchecked."""
+    assert runner.program_schema("train.py", REPO, {"train.py": TRAIN}) is TRAIN
+    assert runner.program_schema("train.py", REPO, {}) is None
+    assert "builds its SCHEMA when it runs" in capsys.readouterr().err

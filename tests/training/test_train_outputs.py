@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import assert_one_line_error, records, run_cli, run_main
 
-from tinylab.interop.formats import read_bin
+from tinylab.interop.llama2c import read_bin
 
 VOCAB = 1024
 

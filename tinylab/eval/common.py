@@ -1,6 +1,6 @@
 """What the evaluation CLIs share: the model (our checkpoint or an HF Llama folder, imported in
 memory), its tokenizer, local and hub text data, and the one machine-readable output line (their
-common flags are schema.py's EVAL).
+common flags are keys.py's EVAL_KEYS).
 
 Every CLI ends its stdout with one JSON line of its metrics (and writes the same object to
 --out=FILE when asked), so scripts read the last line and people read the summary above it.
@@ -15,7 +15,7 @@ from tinylab.core.errors import UserError, first_line
 from tinylab.core.fileio import atomic_file, read_text, write_atomic  # noqa: F401  write_atomic: feature_judge
 from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
 from tinylab.interop import hub
-from tinylab.interop.formats import imported_checkpoint, read_hf
+from tinylab.interop.hf import imported_checkpoint, read_hf
 
 
 def is_hf_dir(path: str) -> bool:
@@ -38,7 +38,7 @@ def load_model(path: str, device: str = "", dtype: str = "float32"):
 
 
 def load_for_args(a):
-    """(model, checkpoint, tokenizer) for the flags of schema.EVAL (every evaluation tool's; their
+    """(model, checkpoint, tokenizer) for the flags of keys.EVAL_KEYS (every evaluation tool's; their
     --out files were checked by the output guard when the flags were parsed)."""
     model, ckpt = load_model(a.checkpoint, a.device, a.dtype)
     return model, ckpt, model_tokenizer(ckpt, model, a.checkpoint, a.tokenizer_model, a.data_cache_dir)

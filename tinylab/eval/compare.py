@@ -9,11 +9,15 @@
 Layout of the tables and heat maps: one row per place in the model (embedding, layer 0..L-1,
 final norm, and the output head when untied), one column per block module (BLOCK_MODULES); the
 non-block tensors (tok_embeddings, norm, output) sit in the last column, OWN.
+
+The tool's own flags (COMPARE_KEYS, with check_compare) are declared here; schema.py adds them to
+the evaluation tools' shared ones (keys.py) as COMPARE.
 """
 import math
 
 import torch
 
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.fileio import atomic_file
 from tinylab.eval.common import right_pad
@@ -23,6 +27,39 @@ BLOCK_MODULES = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
 SHORT = {m: m.split(".")[-1] for m in BLOCK_MODULES} | {"attention_norm": "attn_norm"}
 OWN = "emb/norm/out"  # the column of the row's own tensor outside the blocks
 OUTSIDE = {"tok_embeddings": "embedding", "norm": "final norm", "output": "output"}
+
+
+# ---------------------------------------------------------------------- the tool's flags
+
+def _check_pairs(pairs):
+    for p in pairs:
+        a, sep, b = p.partition(":")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()) or int(a) == int(b):
+            return f"{p!r} is not a pair A:B of two different checkpoint positions (0 = the first), e.g. 0:1"
+    return None
+
+
+# its checkpoints are positional (two or more), not --checkpoint; --out is the comparison's JSON
+COMPARE_OUT = Key("out", "", "also write the JSON to this file (an existing one only with --force)", output="json")
+COMPARE_KEYS = [
+    Key("dataset", "", "pretokenized dataset (in the first checkpoint's data cache) whose test examples are the "
+        "prompts; '' = the dataset the first checkpoint was trained on"),
+    Key("prompts", "", "instead of --dataset: a prompt file (plain text: one per line; .jsonl: a 'text' field "
+        "or a JSON string per line)", input=True),
+    Key("num_prompts", 64, "prompts: a seeded choice of test examples of --dataset, or the first N of --prompts",
+        range="[1, inf)"),
+    Key("story_only", False, "--dataset: BOS + the story (the probes' inputs) instead of the whole example"),
+    Key("pairs", [], "pairs to compare as A:B positions (0 = the first checkpoint), e.g. 0:1,1:2; [] = each "
+        "consecutive pair and each checkpoint against the first", check=_check_pairs),
+    Key("labels", [], "names of the checkpoints in the outputs, one each; [] = their run folders' names"),
+    Key("plot", "", "also draw the heat maps to this PNG (an existing one only with --force)", output="png"),
+    Key("force", False, "replace an existing --out / --plot"),
+]
+
+
+def check_compare(cfg):
+    if cfg["dataset"] and cfg["prompts"]:
+        raise UserError("--dataset and --prompts both name the prompts; pass one of them")
 
 
 # ---------------------------------------------------------------------- the measures
@@ -120,7 +157,7 @@ def default_pairs(n):
 
 
 def parse_pairs(texts, n):
-    """--pairs (['0:1', '1:2'], checked for form by the schema) -> [(0, 1), (1, 2)] within n."""
+    """--pairs (['0:1', '1:2'], checked for form by _check_pairs) -> [(0, 1), (1, 2)] within n."""
     pairs = [tuple(int(v) for v in t.split(":")) for t in texts]
     for t, (a, b) in zip(texts, pairs):
         if max(a, b) >= n:

@@ -2,21 +2,75 @@
 tokenizer a config means, and the evaluation the loop runs every eval_interval: mean losses on
 fixed batches of named datasets, and generations from the instruction headers of test examples
 (logged as tables, optionally judged for a feature).
+
+The generation evaluation's keys (GENERATION_KEYS, train.py's "generation evaluation" section) are
+declared here, read once into GenerationOptions; the loss sets come from the data keys.
 """
 import math
 import os
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
+from tinylab.core.config import Key
+from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
-from tinylab.data.dataset_spec import dataset_dir, extract_story, header_end
+from tinylab.data.dataset_spec import FEATURES, dataset_dir, extract_story, header_end
 from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.data.tokenizer import Tokenizer, tokenizer_model_path
 from tinylab.eval.common import layout_vocab
 from tinylab.eval.feature_judge import FeatureScore, make_judge
-from tinylab.schema import TRAIN
 
+# ---------------------------------------------------------------------- keys and options
+
+MAX_NEW_TOKENS = Key("max_new_tokens", 350, "tokens generated per prompt; 0 = no generations", range="[0, inf)")
+TEMPERATURE = Key("temperature", 1.0, "sampling temperature; 0 = greedy", range="[0, inf)")
+TOP_K = Key("top_k", 0, "sample among the k most likely tokens; 0 = all", range="[0, inf)")
+GENERATION_KEYS = [
+    TEMPERATURE, TOP_K, MAX_NEW_TOKENS,
+    Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size; "
+        "0 = no generations", range="[0, inf)"),
+    Key("generation_batch_size", 16, "prompts generated together", range="[1, inf)",
+        aliases=("generation_eval_batch_size",)),
+    Key("generation_eval_interval_multiplier", 1, "generations every N evaluations", range="[1, inf)"),
+    Key("generation_datasets", [], "which of 'id' and eval_dataset_names get generations; [] = all of them"),
+    Key("feature_eval", "", "a feature to judge in the generations, logged as gen_feature_score "
+        "(evaluation/eval_features.py)", choices=("",) + FEATURES),
+]
+_DEFAULT = {k.name: k.default for k in GENERATION_KEYS}
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """GENERATION_KEYS' values: what the generation evaluation samples, how, and how often."""
+    temperature: float = _DEFAULT["temperature"]
+    top_k: int = _DEFAULT["top_k"]  # 0 = all tokens
+    max_new_tokens: int = _DEFAULT["max_new_tokens"]
+    eval_iters: int = _DEFAULT["generation_eval_iters"]  # prompts per dataset = eval_iters * batch_size
+    batch_size: int = _DEFAULT["generation_batch_size"]
+    interval_multiplier: int = _DEFAULT["generation_eval_interval_multiplier"]  # generations every N evaluations
+    datasets: tuple = ()  # 'id' and eval dataset names; () = all of them
+    feature_eval: str = _DEFAULT["feature_eval"]  # a feature judged in the generations; "" = none
+
+    @classmethod
+    def from_config(cls, cfg) -> "GenerationOptions":
+        return cls(cfg["temperature"], cfg["top_k"], cfg["max_new_tokens"], cfg["generation_eval_iters"],
+                   cfg["generation_batch_size"], cfg["generation_eval_interval_multiplier"],
+                   tuple(cfg["generation_datasets"]), cfg["feature_eval"])
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_new_tokens > 0 and self.eval_iters > 0
+
+
+def check_generation_datasets(cfg):
+    unknown = sorted(set(cfg["generation_datasets"]) - {"id", *cfg["eval_dataset_names"]})
+    if unknown:
+        raise UserError(f"generation_datasets names {unknown}, which are neither 'id' nor in eval_dataset_names")
+
+
+# ---------------------------------------------------------------------- the evaluation
 
 def dataset_vocab(cfg):
     """The vocab number of the data layout (0 = Llama 2) and the model's vocabulary size."""
@@ -35,8 +89,10 @@ class LMEvaluator:
     """Mean LM loss on fixed batches of the train split, the test split and each eval dataset's
     test split; and, when asked, generations from BOS-aligned test prompts of every dataset."""
 
-    def __init__(self, cfg, run, tokenizer):
-        self.cfg, self.run, self.tokenizer = cfg, run, tokenizer
+    def __init__(self, cfg, run, tokenizer, generation: GenerationOptions):
+        """`cfg`: the data keys (datasets, layout, batch sizes, eval_iters, seed); `generation`: the
+        generation evaluation's options."""
+        self.cfg, self.run, self.tokenizer, self.generation = cfg, run, tokenizer, generation
         self.logger = None
         vocab, _ = dataset_vocab(cfg)
         main_dir = dataset_dir(cfg["data_cache_dir"], vocab, cfg["dataset_name"])
@@ -45,12 +101,13 @@ class LMEvaluator:
         for name in cfg["eval_dataset_names"]:
             self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
             self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
-        if cfg["generation_datasets"]:  # (checked against the datasets by schema.py)
-            self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in cfg["generation_datasets"]}
+        if generation.datasets:  # (checked against the datasets by check_generation_datasets)
+            self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in generation.datasets}
         self.feature_score = None
-        if cfg["feature_eval"] and run.master:
-            self.feature_score = FeatureScore(make_judge(cfg["feature_eval"], cfg["data_cache_dir"], flag="feature_eval"))
-            print(f"feature_eval={cfg['feature_eval']}: judge {self.feature_score.judge.description}")
+        if generation.feature_eval and run.master:
+            self.feature_score = FeatureScore(make_judge(generation.feature_eval, cfg["data_cache_dir"],
+                                                         flag="feature_eval"))
+            print(f"feature_eval={generation.feature_eval}: judge {self.feature_score.judge.description}")
 
     def loader(self, data_dir, split, batch_size, split_on_bos=False):
         cfg = self.cfg
@@ -61,7 +118,7 @@ class LMEvaluator:
 
     def __call__(self, model, iter_num, generations):
         metrics = self.loss_metrics(model)
-        if generations and self.cfg["max_new_tokens"] > 0 and self.cfg["generation_eval_iters"] > 0:
+        if generations and self.generation.enabled:
             for name, data_dir in self.gen_sets.items():
                 rows = self.generate(model, data_dir, iter_num)
                 if self.feature_score is not None:
@@ -88,9 +145,9 @@ class LMEvaluator:
 
     def generate(self, model, data_dir, iter_num):
         """Sample stories for the instruction headers of BOS-aligned test examples."""
-        cfg, tok = self.cfg, self.tokenizer
-        n_prompts = cfg["generation_eval_iters"] * cfg["generation_batch_size"]
-        windows = self.loader(data_dir, "test", cfg["generation_batch_size"], split_on_bos=True)
+        opts, tok = self.generation, self.tokenizer
+        n_prompts = opts.eval_iters * opts.batch_size
+        windows = self.loader(data_dir, "test", opts.batch_size, split_on_bos=True)
         prompts, targets = [], []
         for _ in range(10 * n_prompts):  # bounded: a tiny max_seq_len may never hold a header
             if len(prompts) >= n_prompts:
@@ -107,8 +164,8 @@ class LMEvaluator:
         if not prompts:
             print(f"warning: no test window of {data_dir} holds a whole header within max_seq_len; no generations")
         rows = []
-        gen = torch.Generator(device=self.run.device).manual_seed(cfg["seed"] + iter_num)
-        bs = cfg["generation_batch_size"]
+        gen = torch.Generator(device=self.run.device).manual_seed(self.cfg["seed"] + iter_num)
+        bs = opts.batch_size
         for start in progress(range(0, len(prompts), bs), desc=f"generating ({os.path.basename(data_dir)})",
                               unit="batch", leave=False):
             chunk = prompts[start:start + bs]
@@ -120,8 +177,8 @@ class LMEvaluator:
                 mask[i, longest - len(p):] = True
             # a row stops at BOS, which starts the next example: extract_story cuts there anyway.
             # Past max_seq_len the window restarts from the last half (model.generate)
-            out = model.generate(idx.to(self.run.device), cfg["max_new_tokens"], temperature=cfg["temperature"],
-                                 top_k=cfg["top_k"] or None, prompt_mask=mask.to(self.run.device), generator=gen,
+            out = model.generate(idx.to(self.run.device), opts.max_new_tokens, temperature=opts.temperature,
+                                 top_k=opts.top_k or None, prompt_mask=mask.to(self.run.device), generator=gen,
                                  stop_token=tok.bos_id)
             for i, p in enumerate(chunk):
                 prefix = tok.decode(p)
@@ -136,10 +193,11 @@ def generate_rows(model, tokenizer, ckpt, data_cache_dir, dataset, num_samples, 
     train.py's own generation evaluation (same prompt choice, sampling and story extraction)."""
     vocab = layout_vocab(ckpt, tokenizer)
     check_dataset(data_cache_dir, vocab, dataset, tokenizer.model_path)
-    cfg = dict(TRAIN.defaults(), data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom",
-               vocab_size=vocab, dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len,
-               seed=seed, generation_batch_size=batch_size, generation_eval_iters=math.ceil(num_samples / batch_size),
-               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
+    # the data keys the evaluator reads (train.py's defaults where the model does not say)
+    cfg = dict(data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom", vocab_size=vocab,
+               dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len, seed=seed,
+               split_shards_pretrain=False, pretraining=True)
+    generation = GenerationOptions(temperature, top_k, max_new_tokens, math.ceil(num_samples / batch_size), batch_size)
     run = SimpleNamespace(device=str(next(model.parameters()).device), master=True)
-    rows = LMEvaluator(cfg, run, tokenizer).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)
+    rows = LMEvaluator(cfg, run, tokenizer, generation).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)
     return rows[:num_samples]

@@ -19,7 +19,12 @@ In both, loss/<key> (and loss/train) is the sum over heads: the original's objec
 The heads are not part of model.py's Transformer: the Trainer trains them instead of the model
 (`Trainer(heads=...)`) and saves them in the checkpoint under their own entry ("probes" or
 "lenses", beside "model"), so every tool loads such a checkpoint as a plain model.
+train.py's keys for them (HEADS_KEYS) and their rules (check_heads) are declared here, read once
+into HeadsOptions.
 """
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -27,6 +32,7 @@ from torch import nn
 
 from model import linear_cross_entropy
 from tinylab.core.checkpoint import clean_state_dict
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
 from tinylab.data.dataset_spec import (
@@ -44,6 +50,52 @@ from tinylab.eval.lm_eval import LMEvaluator
 LABEL_NAMES = [next(f for f in FEATURES if f.lower() == s) for s in STORY_FEATURES]
 POOL = 10  # the original pools h[:, -10:]: the story's last 10 positions
 HEAD_KINDS = ("probes", "lenses")  # the config keys, and the heads' checkpoint entries
+
+
+# ---------------------------------------------------------------------- train.py's keys (docs/evaluation.md, "Probes and lenses in training")
+
+HEADS_KEYS = [
+    Key("probes", False, "train per-layer linear feature probes on blocks 0..n_layers-2 of the frozen model (story-only "
+        "inputs, BCE on the Features labels): loss/<key>/probe_<i>, acc/<key>/probe_<i>, acc/<key>/feat_<j>/probe_<i>"),
+    Key("probes_classes", len(STORY_FEATURES), "outputs per probe: the first N features in STORY_FEATURES order "
+        "(twist, foreshadowing, dialogue, badending, moralvalue, conflict)", range=f"[1, {len(STORY_FEATURES)}]"),
+    Key("lenses", False, "train a linear lens dim -> vocab per block 0..n_layers-2 of the frozen model (next-token loss "
+        "at every position): loss/<key>/probe_<i>, i = n_layers-1 the model's own head"),
+    Key("init_lens_with_unembed", False, "lenses start as copies of the output head (else N(0, 0.02))"),
+]
+
+
+@dataclass(frozen=True)
+class HeadsOptions:
+    """HEADS_KEYS' values: which heads a run trains on its frozen model (check_heads allows one kind)."""
+    probes: bool = False
+    lenses: bool = False
+    probes_classes: int = len(STORY_FEATURES)  # outputs per probe: the first N of STORY_FEATURES
+    init_lens_with_unembed: bool = False  # lenses start as copies of the output head
+
+    @classmethod
+    def from_config(cls, cfg) -> "HeadsOptions":
+        return cls(cfg["probes"], cfg["lenses"], cfg["probes_classes"], cfg["init_lens_with_unembed"])
+
+    @property
+    def kind(self) -> Optional[str]:
+        """"probes", "lenses" (also the heads' checkpoint entry) or None."""
+        return next((k for k in HEAD_KINDS if getattr(self, k)), None)
+
+
+def check_heads(cfg):
+    if cfg["probes"] and cfg["lenses"]:
+        raise UserError("probes=True and lenses=True: one kind of heads per run (the original logs both as "
+                        "loss/<key>/probe_<i>, and trains them on different batches)")
+    if cfg["init_lens_with_unembed"] and not cfg["lenses"]:
+        raise UserError("init_lens_with_unembed=True needs lenses=True")
+    kind = "probes" if cfg["probes"] else "lenses" if cfg["lenses"] else None
+    if kind and cfg["grow_schedule"]:
+        raise UserError(f"{kind}=True trains heads on a frozen model: it cannot grow (grow_schedule)")
+    if kind == "probes" and (cfg["warmup_bsz"] or cfg["warmup_seq"]):
+        raise UserError("probes=True reads whole stories: batch-size / sequence-length warmups do not apply")
+    if kind == "probes" and cfg["feature_eval"]:
+        raise UserError("feature_eval judges generations, which a probes=True run does not make")
 
 
 # ---------------------------------------------------------------------- inputs and labels
@@ -302,15 +354,20 @@ def saved_heads(ckpt, kind):
 
 
 def heads_for_config(cfg, model, ckpt=None):
-    """probes=True / lenses=True: the heads a Trainer trains over `model` (frozen by attach), on
-    its device, restored from the checkpoint when it has them (saved_heads); else None. A run
-    resumed from this project's checkpoint (resume_train) must keep the kind of heads it trained."""
+    """probes=True / lenses=True: the heads a Trainer trains over `model` (build_heads); else None."""
     from tinylab.training.trainer import resumes_run
-    kind = next((k for k in HEAD_KINDS if cfg[k]), None)
+    return build_heads(HeadsOptions.from_config(cfg), resumes_run(cfg), model, ckpt)
+
+
+def build_heads(options: HeadsOptions, resumes: bool, model, ckpt=None):
+    """The heads a Trainer trains over `model` (frozen by attach), on its device, restored from the
+    checkpoint when it has them (saved_heads); None without probes / lenses. A run resumed from
+    this project's checkpoint (`resumes`: resume_train) must keep the kind of heads it trained."""
+    kind = options.kind
     saved = [k for k in HEAD_KINDS if (ckpt or {}).get(k) is not None]
-    if resumes_run(cfg) and saved and kind is None:
+    if resumes and saved and kind is None:
         raise UserError(f"the checkpoint's run trains {saved[0]} on a frozen model: resume it with {saved[0]}=True")
-    if resumes_run(cfg) and kind is not None and saved_heads(ckpt, kind) is None:
+    if resumes and kind is not None and saved_heads(ckpt, kind) is None:
         raise UserError(f"{kind}=True with init_from=resume_train, but the checkpoint has no {kind}: start them "
                         f"with init_from=resume_model (its weights, fresh {kind})")
     if kind is None:
@@ -319,13 +376,13 @@ def heads_for_config(cfg, model, ckpt=None):
     if p.n_layers < 2:
         raise UserError(f"{kind}=True needs n_layers >= 2 (heads on blocks 0..n_layers-2, as the original)")
     if kind == "probes":
-        heads = ProbeHeads(p.n_layers - 1, p.dim, cfg["probes_classes"])
+        heads = ProbeHeads(p.n_layers - 1, p.dim, options.probes_classes)
     else:
         heads = LensHeads(p.n_layers - 1, p.dim, p.vocab_size)
     state = saved_heads(ckpt, kind)
     if state is not None:
         heads.load(state, "the checkpoint")
-    elif kind == "lenses" and cfg["init_lens_with_unembed"]:
+    elif kind == "lenses" and options.init_lens_with_unembed:
         heads.init_from_unembedding(model)
     w = model.output.weight
     return heads.to(device=w.device, dtype=w.dtype)
@@ -336,8 +393,8 @@ class HeadsEvaluator(LMEvaluator):
     dataset) head metrics, the mean over eval_iters fixed batches, named as the original's; a lens
     run also makes the usual generations (of the frozen model), a probe run none (as the original)."""
 
-    def __init__(self, cfg, run, tokenizer, heads):
-        super().__init__(cfg, run, tokenizer)
+    def __init__(self, cfg, run, tokenizer, generation, heads):
+        super().__init__(cfg, run, tokenizer, generation)
         self.heads = heads
 
     def loss_metrics(self, model):

@@ -28,7 +28,7 @@ from tinylab.core.config import Key
 from tinylab.core.errors import UserError, first_line
 from tinylab.eval.common import is_hf_dir, load_model, model_tokenizer
 from tinylab.eval.hf_models import lightning_gpt2_state, load_hf_causal_lm, load_lightning_gpt2
-from tinylab.interop.formats import imported_checkpoint, read_hf
+from tinylab.interop.hf import imported_checkpoint, read_hf
 
 RUN_INFO = "staged_training.json"  # written by `eval_wikitext.py train` into its log_dir
 DEFAULT_MODEL_NAME = "gpt2"  # the original's --model-name default

@@ -27,6 +27,7 @@ docs/evaluation.md ("The staged-training repository's commands").
 import math
 import os
 import shutil
+from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +36,6 @@ from tinylab.core.errors import UserError
 from tinylab.core.rundir import LOCK_NAME, RunDir
 from tinylab.eval.staged_eval import RUN_INFO
 from tinylab.eval.token_files import ChunkBatches, TokenFile, check_special_ids, ordered_batches, to_xy
-from tinylab.schema import TRAIN
 from tinylab.training.trainer import (
     Run,
     Trainer,
@@ -93,14 +93,15 @@ def check_log_dir(a):
 def decay_end(a) -> int:
     """lr_decay_iters of the run: 0 (= --train-steps, the original's decay to 0 there), or, for a
     warmup longer than the run, the warmup's end. The original runs such a run, its learning rate
-    rising all along (get_linear_schedule_with_warmup: step / warmup), and run_train says so; the
+    rising all along (get_linear_schedule_with_warmup: step / warmup), and learning_rate says so; the
     positions never reach the warmup's end, so no learning rate changes, and TRAIN's rule against
     a warmup that never ends (which would name warmup_iters, not --warmup-steps) does not apply."""
     return a.warmup_steps if a.warmup_steps > a.train_steps else 0
 
 
-def train_config(a, vocab_size: int, learning_rate: float) -> dict:
-    """The full TRAIN config of the run (what ckpt.pt and config.json record)."""
+def train_config(a, vocab_size: int, learning_rate: float, schema) -> dict:
+    """The full train.py config of the run (what ckpt.pt and config.json record), checked by
+    `schema`, train.py's (evaluation/eval_wikitext.py passes it)."""
     tags = [t.strip() for t in (a.wandb_tags or "").split(",") if t.strip()]
     overrides = dict(
         out_dir=a.log_dir, init_from="resume_train" if a.recover else "scratch", overwrite=False,
@@ -119,10 +120,10 @@ def train_config(a, vocab_size: int, learning_rate: float) -> dict:
         optimizer="adamw", weight_decay=0.0, beta1=a.adam_beta1, beta2=a.adam_beta2, adam_eps=a.adam_epsilon,
         grad_clip=0.0, max_new_tokens=0, device=a.device, dtype="float16" if a.amp else "float32", compile=False,
     )
-    unknown = sorted(set(overrides) - set(TRAIN.keys))
+    unknown = sorted(set(overrides) - set(schema.keys))
     if unknown:
-        raise RuntimeError(f"staged_train: TRAIN has no keys {unknown}")  # a bug here, not the user's input
-    return TRAIN.validate({**TRAIN.defaults(), **overrides})
+        raise RuntimeError(f"staged_train: {schema.prog} has no keys {unknown}")  # a bug here, not the user's input
+    return schema.validate({**schema.defaults(), **overrides})
 
 
 class Validation:
@@ -143,9 +144,19 @@ class Validation:
         return {"val_loss": val, "val_ppl": math.exp(val) if val < 700 else float("inf")}
 
 
-def run_train(a, log=print):
-    """The `train` subcommand for parsed flags `a` (evaluation/eval_wikitext.py)."""
-    # ---- every check first: nothing is written before the run folder is opened and checked
+@dataclass
+class TokenData:
+    """The two token files, checked, and the vocabulary of the model trained on them."""
+    train: TokenFile
+    valid: TokenFile
+    n_train: int  # blocks of --block-size
+    n_valid: int
+    vocab: int
+
+
+def check_train_inputs(a) -> TokenData:
+    """Every check of the flags and the token files that needs no model: LOG_DIR, the files'
+    blocks and ids, the head size, the vocabulary, --amp's device."""
     check_log_dir(a)
     train = TokenFile(a.train_dataset_path, "TRAIN_DATASET_PATH")
     valid = TokenFile(a.validation_dataset_path, "VALIDATION_DATASET_PATH")
@@ -165,7 +176,11 @@ def run_train(a, log=print):
     if a.amp and not (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
         raise UserError("--amp (fp16 mixed precision with a gradient scaler, as the original's Accelerator(fp16=True)) "
                         "needs a CUDA device")
-    n_params = non_embedding_params(train_config(a, vocab, 1.0))
+    return TokenData(train, valid, n_train, n_valid, vocab)
+
+
+def learning_rate(a, n_params: int, log) -> float:
+    """--lr, or the original's default for a model of n_params non-embedding parameters."""
     if decay_end(a):
         log(f"notice: --warmup-steps={a.warmup_steps} is longer than --train-steps={a.train_steps}: the learning rate "
             f"rises all along and never decays (as in the original)")
@@ -173,15 +188,56 @@ def run_train(a, log=print):
     if lr <= 0:
         raise UserError(f"the default learning rate {LR_RULE[0]} - {LR_RULE[1]} ln({n_params:,}) = {lr:.3g} is not "
                         f"positive for a model this large: pass --lr")
-    cfg = train_config(a, vocab, lr)
-    info = {"command": "evaluation/eval_wikitext.py train",
+    return lr
+
+
+def run_info(a, data: TokenData, n_params: int, lr: float) -> dict:
+    """staged_training.json: the resolved settings, which `eval_wikitext.py eval` reads back."""
+    return {"command": "evaluation/eval_wikitext.py train",
             "train_dataset_path": os.path.abspath(a.train_dataset_path),
             "validation_dataset_path": os.path.abspath(a.validation_dataset_path),
-            "block_size": a.block_size, "bos_id": a.bos_id, "eos_id": a.eos_id, "vocab_size": vocab,
+            "block_size": a.block_size, "bos_id": a.bos_id, "eos_id": a.eos_id, "vocab_size": data.vocab,
             "vocab_size_from": "--vocab-size" if a.vocab_size else "the token files: largest id (or BOS / EOS) + 1",
             "non_embedding_params": n_params, "learning_rate": lr,
             "learning_rate_from": "--lr" if a.lr is not None else f"{LR_RULE[0]} - {LR_RULE[1]} ln(non_embedding_params)",
             "init_seed": a.init_seed, "data_seed": a.data_seed}
+
+
+def copy_recovered_run(a, copied: list, log):
+    """--recover-from: its run's entries into the (empty, locked) LOG_DIR; each path copied is
+    appended to `copied` as it is made, so a failure can remove exactly those."""
+    for e in _entries(a.recover_from) if a.recover_from else []:
+        src, dst = os.path.join(a.recover_from, e), os.path.join(a.log_dir, e)
+        (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+        copied.append(dst)
+    if copied:
+        log(f"recovering from {a.recover_from}: copied {len(copied)} entries into {a.log_dir}")
+
+
+def build_trainer(a, cfg, run, data: TokenData):
+    """The model (seeded by --init-seed, or the recovered checkpoint), the training batches (seeded
+    by --data-seed) and the validation: (the Trainer of the run, the model, the validation)."""
+    seed_everything(a.init_seed)  # the original: set_seeds(init_seed), then the model
+    model, ckpt = init_model(cfg, run)
+    for tf in (data.train, data.valid):
+        tf.check_ids(model.params.vocab_size)
+    check_special_ids(a.bos_id, a.eos_id, model.params.vocab_size, "--bos-id / --eos-id")
+    seed_everything(a.data_seed + run.dist.rank)  # then set_seeds(data_seed): data order, dropout
+    batches = ChunkBatches(data.train, a.block_size, a.batch_size, a.bos_id, a.eos_id, seed=a.data_seed,
+                           rank=run.dist.rank, world_size=run.dist.world_size, device=run.device)
+    validation = Validation(data.valid, a.block_size, a.batch_size, a.bos_id, a.eos_id, a.validation_steps, run.device)
+    trainer = Trainer(cfg, run, model, batches, validation, training_state(cfg, ckpt), best_metric="val_loss")
+    return trainer, model, validation
+
+
+def run_train(a, schema, log=print):
+    """The `train` subcommand for parsed flags `a` (evaluation/eval_wikitext.py); `schema` is
+    train.py's, which checks the run's config (ckpt.pt and config.json record a train.py config)."""
+    # ---- every check first: nothing is written before the run folder is opened and checked
+    data = check_train_inputs(a)
+    n_params = non_embedding_params(train_config(a, data.vocab, 1.0, schema))
+    lr = learning_rate(a, n_params, log)
+    cfg = train_config(a, data.vocab, lr, schema)
 
     run = Run(cfg)
     rd = RunDir(a.log_dir, what="LOG_DIR", enabled=run.master).open()
@@ -189,24 +245,10 @@ def run_train(a, log=print):
     try:
         if run.master:
             check_log_dir(a)  # again, now that the folder is ours (locked)
-            for e in _entries(a.recover_from) if a.recover_from else []:
-                src, dst = os.path.join(a.recover_from, e), os.path.join(a.log_dir, e)
-                (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
-                copied.append(dst)
-            if copied:
-                log(f"recovering from {a.recover_from}: copied {len(copied)} entries into {a.log_dir}")
-        seed_everything(a.init_seed)  # the original: set_seeds(init_seed), then the model
-        model, ckpt = init_model(cfg, run)
-        for tf in (train, valid):
-            tf.check_ids(model.params.vocab_size)
-        check_special_ids(a.bos_id, a.eos_id, model.params.vocab_size, "--bos-id / --eos-id")
-        seed_everything(a.data_seed + run.dist.rank)  # then set_seeds(data_seed): data order, dropout
-        batches = ChunkBatches(train, a.block_size, a.batch_size, a.bos_id, a.eos_id, seed=a.data_seed,
-                               rank=run.dist.rank, world_size=run.dist.world_size, device=run.device)
-        validation = Validation(valid, a.block_size, a.batch_size, a.bos_id, a.eos_id, a.validation_steps, run.device)
-        trainer = Trainer(cfg, run, model, batches, validation, training_state(cfg, ckpt), best_metric="val_loss")
+            copy_recovered_run(a, copied, log)
+        trainer, model, validation = build_trainer(a, cfg, run, data)
         start_run(rd, cfg, trainer)  # the first write of a new run: everything above may still refuse it
-        rd.write_json(RUN_INFO, info)
+        rd.write_json(RUN_INFO, run_info(a, data, n_params, lr))
     except BaseException:
         if not rd.committed:
             for p in copied:
@@ -216,7 +258,8 @@ def run_train(a, log=print):
     with rd:
         if run.master:
             log(f"Total non-embedding parameters: {n_params:,}; learning rate {lr:.6g}"
-                f"{' (--lr)' if a.lr is not None else ' (0.003239 - 0.0001395 ln N)'}; vocabulary {model.params.vocab_size}")
-            log(f"training data {a.train_dataset_path}: {n_train:,} blocks of {a.block_size}; validation "
-                f"{a.validation_dataset_path}: {n_valid:,} blocks, the first {len(validation.batches)} batches")
+                f"{' (--lr)' if a.lr is not None else ' (0.003239 - 0.0001395 ln N)'}; vocabulary "
+                f"{model.params.vocab_size}")
+            log(f"training data {a.train_dataset_path}: {data.n_train:,} blocks of {a.block_size}; validation "
+                f"{a.validation_dataset_path}: {data.n_valid:,} blocks, the first {len(validation.batches)} batches")
         fit_and_close(trainer, run)

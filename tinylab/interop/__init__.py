@@ -1,2 +1,2 @@
-"""Other tools' formats and services: llama2.c .bin and HF Llama folders (formats), the Hugging Face
-hub (hub), wandb sweep files run offline (sweeps)."""
+"""Other tools' formats and services: llama2.c .bin files (llama2c), HF Llama folders and
+safetensors (hf), the Hugging Face hub (hub), wandb sweep files (sweep_file) run offline (sweeps)."""

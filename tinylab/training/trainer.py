@@ -52,7 +52,7 @@ from tinylab.core.errors import UserError
 from tinylab.core.metrics import MetricsLogger
 from tinylab.core.perf import retain_freed_memory
 from tinylab.core.rundir import RunDir
-from tinylab.interop.formats import export_bin
+from tinylab.interop.llama2c import export_bin
 from tinylab.training.optim import (
     build_optimizer,
     changed_settings,

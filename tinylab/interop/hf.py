@@ -1,10 +1,11 @@
-"""Model formats shared with other tools: llama2.c .bin files (v0 legacy, v1 fp32, v2 int8 Q8_0),
-run.c's tokenizer .bin, and Hugging Face Llama folders (safetensors), both ways.
+"""Hugging Face Llama folders, both ways: export (config.json, generation_config.json, fp32
+model.safetensors, the tokenizer) and import (safetensors, sharded or not, or pytorch_model.bin)
+as an ordinary checkpoint; safetensors read and written without the package.
 
-Formats: docs/interop.md. Two layouts of the same network meet here: llama2.c/Meta rotate
-adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2); the rows of wq and wk are
-permuted per head on the way to HF and back on the way in (k with n_kv_heads), which keeps every
-q.k dot product, and therefore the logits, unchanged. export.py is the command line.
+Formats: docs/interop.md sections 2-3. Two layouts of the same network meet here: llama2.c/Meta
+rotate adjacent pairs (2i, 2i+1) of each head, HF rotates (i, i + head_dim/2); the rows of wq and
+wk are permuted per head on the way to HF and back on the way in (k with n_kv_heads), which keeps
+every q.k dot product, and therefore the logits, unchanged. export.py is the command line.
 Every output is written under a temporary name and renamed, so a failure leaves nothing half-written.
 """
 import json
@@ -14,267 +15,22 @@ import shutil
 import struct
 import sys
 
-import numpy as np
 import torch
 
-from model import ModelArgs, Transformer, precompute_freqs_cis
+from model import ModelArgs, Transformer
 from tinylab.core.checkpoint import FORMAT_VERSION, load_weights, model_args_dict
 from tinylab.core.errors import UserError, first_line
-from tinylab.core.fileio import (  # temp name + rename; a failure leaves nothing
-    atomic_file,
-    building_dir,
+from tinylab.core.fileio import building_dir  # temp name + rename; a failure leaves nothing
+from tinylab.interop.llama2c import (  # the tie test, the fp32 layout and the tokenizer reader are shared
+    fp32_bytes,
+    load_sentencepiece,
+    shared_classifier,
 )
 
-MAGIC = 0x616B3432  # "ak42", header of the v1/v2 files
-HEADER_BYTES = 256
-LEGACY_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len
-# what run.c / runq.c hard-code; a model trained with other values still exports, with a warning
-RUNC_NORM_EPS, RUNC_ROPE_THETA = 1e-5, 10000.0
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json")
 
 
-def _fp32_bytes(t):
-    return t.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4", copy=False).tobytes()
-
-
-# ---------------------------------------------------------------------- llama2.c .bin (docs/interop.md section 1)
-
-def shared_classifier(model: Transformer) -> bool:
-    # llama2.c's test: an untied head that happens to equal the embedding is written once too
-    return bool(torch.equal(model.tok_embeddings.weight, model.output.weight))
-
-
-def _layer_tensors(model, name):
-    """`name` of every layer in order ('attention.wq' -> [layer0.attention.wq.weight, ...])."""
-    return [layer.get_submodule(name).weight for layer in model.layers]
-
-
-def _header_fields(model, vocab_size):
-    p = model.params
-    hidden_dim = model.layers[0].feed_forward.w1.weight.shape[0]  # the real row count, not the rule
-    return (p.dim, hidden_dim, p.n_layers, p.n_heads, p.kv_heads(), vocab_size, p.max_seq_len)
-
-
-def _v1_header(model, version, group_size=None):
-    header = struct.pack("<Ii", MAGIC, version) + LEGACY_HEADER.pack(*_header_fields(model, model.params.vocab_size))
-    header += struct.pack("<B", int(shared_classifier(model)))
-    if group_size is not None:
-        header += struct.pack("<i", group_size)  # byte 37, unaligned, as llama2.c writes it
-    return header + b"\0" * (HEADER_BYTES - len(header))
-
-
-def _matrices(model):
-    """Weight matrices in the v1/v2 order (v0 uses the same per-kind order with norms mixed in)."""
-    mats = [model.tok_embeddings.weight]
-    for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
-        mats += _layer_tensors(model, name)
-    if not shared_classifier(model):
-        mats.append(model.output.weight)
-    return mats
-
-
-def _norms(model):
-    return _layer_tensors(model, "attention_norm") + _layer_tensors(model, "ffn_norm") + [model.norm.weight]
-
-
-def write_v0(model, f):
-    p = model.params
-    shared = shared_classifier(model)
-    f.write(LEGACY_HEADER.pack(*_header_fields(model, p.vocab_size if shared else -p.vocab_size)))
-    tensors = [model.tok_embeddings.weight]
-    for name in ("attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
-        tensors += _layer_tensors(model, name)
-    # run.c skips the RoPE tables but still expects them in the file
-    tensors += [model.norm.weight, model.freqs_cos[:p.max_seq_len], model.freqs_sin[:p.max_seq_len]]
-    if not shared:
-        tensors.append(model.output.weight)
-    for t in tensors:
-        f.write(_fp32_bytes(t))
-
-
-def write_v1(model, f):
-    f.write(_v1_header(model, 1))
-    for t in _norms(model) + _matrices(model):
-        f.write(_fp32_bytes(t))
-
-
-def quantize_q80(w, group_size):
-    """Symmetric int8 per group of `group_size` consecutive values (row-major).
-    Returns (int8 values, fp32 scales, max |w - q*scale|). An all-zero group gets scale 0 and
-    q = 0 (llama2.c would compute 0/0 = NaN there; depth-grown models have zero wo/w2)."""
-    w = w.detach().to(torch.float32).reshape(-1, group_size)
-    scale = w.abs().amax(dim=1) / 127.0
-    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(w / divisor[:, None]).clamp(-127, 127).to(torch.int8)
-    err = (q.to(torch.float32) * scale[:, None] - w).abs().max().item()
-    return q, scale, err
-
-
-def v2_group_size(dim, group_size=64):
-    while dim % group_size:
-        group_size //= 2
-    return group_size
-
-
-def write_v2(model, f, group_size=64, log=print):
-    """Q8_0 file for runq.c; returns the largest per-element quantisation error."""
-    group_size = v2_group_size(model.params.dim, group_size)
-    mats = _matrices(model)
-    for w in mats:
-        if w.numel() % group_size:
-            raise UserError(f"a weight of shape {tuple(w.shape)} is not a multiple of the Q8_0 group size {group_size}")
-    f.write(_v1_header(model, 2, group_size))
-    for t in _norms(model):
-        f.write(_fp32_bytes(t))
-    max_err = 0.0
-    for i, w in enumerate(mats):
-        q, scale, err = quantize_q80(w, group_size)
-        # per tensor: its int8 values then its scales (the current llama2.c layout)
-        f.write(q.numpy().tobytes())
-        f.write(_fp32_bytes(scale))
-        max_err = max(max_err, err)
-        log(f"{i + 1}/{len(mats)} quantized {tuple(w.shape)} to Q8_0 (group size {group_size}) with max error {err:.6g}")
-    log(f"max quantization error across all weights: {max_err:.9g}")
-    return max_err
-
-
-def export_bin(model, path, version, group_size=64, log=print):
-    """Write llama2.c file version 0, 1 or 2 (atomically)."""
-    p = model.params
-    if p.norm_eps != RUNC_NORM_EPS or p.rope_theta != RUNC_ROPE_THETA:
-        print(f"warning: run.c assumes norm_eps={RUNC_NORM_EPS} and rope_theta={RUNC_ROPE_THETA:g}; this model has "
-              f"norm_eps={p.norm_eps} and rope_theta={p.rope_theta:g}, which the .bin cannot record", file=sys.stderr)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with torch.no_grad(), atomic_file(path) as f:
-        if version == 0:
-            write_v0(model, f)
-        elif version == 1:
-            write_v1(model, f)
-        else:
-            write_v2(model, f, group_size, log=log)
-    log(f"wrote {path} (llama2.c v{version}, {os.path.getsize(path)} bytes)")
-
-
-def read_bin(path):
-    """Parse a llama2.c v0/v1/v2 file into (ModelArgs, state dict of fp32 tensors); v2 weights are
-    dequantised. The file size must match the header exactly."""
-    if not os.path.isfile(path):
-        raise UserError(f"llama2.c model file not found: {path}")
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < LEGACY_HEADER.size:
-        raise UserError(f"{path} is too short to be a llama2.c model file ({len(data)} bytes)")
-    magic, version = struct.unpack_from("<Ii", data, 0)
-    if magic == MAGIC:
-        if version not in (1, 2) or len(data) < HEADER_BYTES:
-            raise UserError(f"{path}: unsupported llama2.c file version {version} (1 and 2 are known)")
-        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = LEGACY_HEADER.unpack_from(data, 8)
-        shared = bool(data[36])
-        group_size = struct.unpack_from("<i", data, 37)[0] if version == 2 else None
-        offset = HEADER_BYTES
-    else:
-        version = 0
-        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = LEGACY_HEADER.unpack_from(data, 0)
-        shared, vocab = vocab > 0, abs(vocab)
-        offset = LEGACY_HEADER.size
-    if min(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len) <= 0 or dim % n_heads or n_heads % n_kv:
-        raise UserError(f"{path} is not a llama2.c model file (implausible header: dim={dim}, hidden_dim={hidden}, n_layers={n_layers}, "
-                        f"n_heads={n_heads}, n_kv_heads={n_kv}, vocab_size={vocab}, max_seq_len={seq_len})")
-    head_dim = dim // n_heads
-    kv_dim = n_kv * head_dim
-    shapes = {"tok_embeddings": (vocab, dim), "attention.wq": (dim, dim), "attention.wk": (kv_dim, dim),
-              "attention.wv": (kv_dim, dim), "attention.wo": (dim, dim), "feed_forward.w1": (hidden, dim),
-              "feed_forward.w2": (dim, hidden), "feed_forward.w3": (hidden, dim)}
-    if version == 2 and (group_size <= 0 or dim % group_size):
-        raise UserError(f"{path}: Q8_0 group size {group_size} does not divide dim {dim}")
-
-    # the tensors in file order, as (state-dict name, shape, kind)
-    # kind "f": always fp32; "m": a matrix, Q8_0 in v2
-    def per_layer(name, shape, kind):
-        return [(f"layers.{i}.{name}.weight", shape, kind) for i in range(n_layers)]
-    norms = per_layer("attention_norm", (dim,), "f") + per_layer("ffn_norm", (dim,), "f") + [("norm.weight", (dim,), "f")]
-    mats = [("tok_embeddings.weight", shapes["tok_embeddings"], "m")]
-    for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
-        mats += per_layer(name, shapes[name], "m")
-    head = [] if shared else [("output.weight", (vocab, dim), "m")]
-    rope = [("freqs_cos", (seq_len, head_dim // 2), "f"), ("freqs_sin", (seq_len, head_dim // 2), "f")]
-    if version == 0:
-        order = [mats[0]]
-        for name in ("attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                     "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
-            order += [t for t in norms + mats if t[0].endswith(f".{name}.weight")]
-        order += [norms[-1]] + rope + head
-    else:
-        order = norms + mats + head
-
-    def nbytes(shape, kind):
-        n = int(np.prod(shape))
-        return n * 4 if (kind == "f" or version != 2) else n + (n // group_size) * 4
-    expected = offset + sum(nbytes(s, k) for _, s, k in order)
-    if expected != len(data):
-        raise UserError(f"{path}: {len(data)} bytes, but its v{version} header describes a {expected}-byte file")
-
-    state = {}
-    for name, shape, kind in order:
-        n = int(np.prod(shape))
-        if kind == "m" and version == 2:
-            q = np.frombuffer(data, dtype=np.int8, count=n, offset=offset).astype(np.float32)
-            scale = np.frombuffer(data, dtype="<f4", count=n // group_size, offset=offset + n)
-            arr = (q.reshape(-1, group_size) * scale[:, None]).reshape(shape)
-        else:
-            arr = np.frombuffer(data, dtype="<f4", count=n, offset=offset).reshape(shape)
-        offset += nbytes(shape, kind)
-        state[name] = torch.from_numpy(arr.astype(np.float32))  # copies out of the read-only buffer
-    if shared:
-        state["output.weight"] = state["tok_embeddings.weight"]
-    if version == 0:
-        # the tables record theta; the formats after v0 do not and run.c assumes 10000
-        cos, sin = precompute_freqs_cis(head_dim, seq_len, RUNC_ROPE_THETA)
-        if not (torch.allclose(state.pop("freqs_cos"), cos, atol=1e-5) and torch.allclose(state.pop("freqs_sin"), sin, atol=1e-5)):
-            raise UserError(f"{path}: its RoPE tables are not those of rope_theta={RUNC_ROPE_THETA:g}; cannot import")
-    args = ModelArgs(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=vocab,
-                     hidden_dim=hidden, max_seq_len=seq_len, tie_embeddings=shared,
-                     norm_eps=RUNC_NORM_EPS, rope_theta=RUNC_ROPE_THETA)
-    return args, state
-
-
-# ---------------------------------------------------------------------- tokenizer .bin
-
-def load_sentencepiece(model_path):
-    import sentencepiece as spm
-    if not os.path.isfile(model_path):
-        raise UserError(f"tokenizer model not found: {model_path}")
-    try:
-        return spm.SentencePieceProcessor(model_file=model_path)
-    except (RuntimeError, OSError) as e:
-        raise UserError(f"{model_path} is not a sentencepiece model ({first_line(e, 120)})")
-
-
-def export_tokenizer(model_path, out_path, log=print):
-    """run.c's tokenizer file: uint32 max_token_length, then per id: f32 score, i32 length, bytes."""
-    sp = load_sentencepiece(model_path)
-    tokens, scores = [], []
-    for i in range(sp.get_piece_size()):
-        piece = sp.id_to_piece(i)
-        if i == sp.bos_id():
-            piece = "\n<s>\n"
-        elif i == sp.eos_id():
-            piece = "\n</s>\n"
-        tokens.append(piece.replace("\u2581", " ").encode("utf-8"))
-        scores.append(sp.get_score(i))
-    max_len = max(len(t) for t in tokens)
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with atomic_file(out_path) as f:
-        f.write(struct.pack("<I", max_len))
-        for b, s in zip(tokens, scores):
-            f.write(struct.pack("<fi", s, len(b)))
-            f.write(b)
-    log(f"wrote {out_path} ({len(tokens)} tokens, max token length {max_len})")
-
-
-# ---------------------------------------------------------------------- HF Llama (docs/interop.md sections 2-3)
+# ---------------------------------------------------------------------- RoPE row layout
 
 def permute_rope(w, n_heads):
     """Meta/llama2.c rows -> HF rows within each head: HF row j*(h/2)+i <- Meta row 2i+j."""
@@ -371,7 +127,7 @@ def write_safetensors(f, tensors):
     f.write(struct.pack("<Q", len(raw)))
     f.write(raw)
     for t in tensors.values():
-        f.write(_fp32_bytes(t))
+        f.write(fp32_bytes(t))
 
 
 def read_safetensors(path):
