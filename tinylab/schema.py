@@ -14,7 +14,7 @@ from model import ATTENTION_IMPLS, flex_attention
 from tinylab.core.config import Key, Schema, check_device
 from tinylab.core.distributed import PARALLELISMS, check_fsdp_setting
 from tinylab.core.errors import UserError
-from tinylab.data.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.data.records import FEATURES, STORY_FEATURES
 from tinylab.growth.operators import (
     C_DEPTH,
     C_WIDTH,

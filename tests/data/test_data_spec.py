@@ -7,21 +7,18 @@ import pytest
 from conftest import TOK8192
 
 from tinylab.core.errors import UserError
-from tinylab.data.dataset_spec import (
-    REFUSAL_STORY,
-    check_dataset_name,
-    dataset_dir,
+from tinylab.data.dataset_spec import infer_pretokenize_flags, parse_spec, spec_string
+from tinylab.data.records import check_dataset_name, dataset_dir
+from tinylab.data.template import (
     extract_story,
     feature_labels,
     header_end,
     header_fields,
-    infer_pretokenize_flags,
     make_text,
-    parse_spec,
     pick_sentence,
-    spec_string,
     story_end,
 )
+from tinylab.data.transforms.refusal import REFUSAL_STORY
 
 
 class ScriptedRng:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from tinylab.core.errors import UserError, first_line
-from tinylab.data.dataset_spec import dataset_dir, infer_pretokenize_flags
+from tinylab.data.dataset_spec import infer_pretokenize_flags
+from tinylab.data.records import dataset_dir
 from tinylab.data.tokenizer import file_sha256, tokenizer_model_path
 
 PRETRAIN_SHARD_PERCENTAGE = 0.8
