@@ -18,7 +18,7 @@ reads the flags back from such a name, or from a name of the dataset_gen/tw_fs.s
 import re
 
 from tinylab.core.errors import UserError
-from tinylab.data.records import FEATURES
+from tinylab.data.records import FEATURES, LIST_KEYS
 from tinylab.data.template import INSTRUCTION_KEYS
 from tinylab.data.transforms import TRANSFORMS
 
@@ -27,7 +27,7 @@ def _working_copy(example: dict) -> dict:
     """What the transforms edit: the record's own dict and instruction lists, the raw record
     untouched (its other keys, e.g. source, are not needed further)."""
     instruction = dict(example["instruction"])
-    for key in ("features", "words"):
+    for key in LIST_KEYS:
         instruction[key] = list(instruction[key])
     out = {"story": example["story"], "summary": example["summary"], "instruction": instruction}
     if "sentence" in example:
@@ -40,10 +40,6 @@ class DatasetSpec:
 
     def __init__(self, transforms=()):
         self.transforms = tuple(transforms)
-
-    def text(self, flag: str):
-        """The flag's text as given, or None."""
-        return next((t.text for t in self.transforms if t.flag == flag), None)
 
     def options(self) -> dict:
         """{flag: text} of the manifest and the rebuild command: the original's five flags always

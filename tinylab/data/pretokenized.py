@@ -174,6 +174,13 @@ class BatchLoader:
         self._epochs = {}  # epoch -> (shard order, cumulative window ends in that order)
         self._perms = {}  # (epoch, shard) -> window permutation
 
+    @classmethod
+    def from_options(cls, data, split, seed, **kwargs) -> "BatchLoader":
+        """The loader of `split` of the training dataset of `data` (an options.LMDataOptions): its
+        folder, batch size, sequence length and shard split; `kwargs` as the constructor's."""
+        return cls(data.dataset_dir(), split, data.batch_size, data.max_seq_len, seed,
+                   split_shards_pretrain=data.split_shards_pretrain, pretraining=data.pretraining, **kwargs)
+
     # --- the global stream ---------------------------------------------------------------------
 
     def _epoch_layout(self, epoch):

@@ -9,6 +9,7 @@ from tinylab.data.transforms.grammar import injections_text, parse_injections
 class AdversarialTraining(Transform):
     flag, code, always_named = "adversarial_training", "AT", True
     help = "e.g. features=Twist:1.0 (add label, keep story)"
+    example = "features=Twist:0.5,words=dog:1.0"
 
     @classmethod
     def parse(cls, text):

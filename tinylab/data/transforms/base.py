@@ -30,6 +30,7 @@ class Transform(abc.ABC):
     flag = ""  # the option: --flag on the command line, the key in the manifest's options
     code = ""  # its tag in dataset names: <code>_<flag text, rewritten>
     help = ""  # the option's --help text
+    example = ""  # a valid flag text (the registry's tests read every transform's)
     # the original's five flags are in every name and manifest, as 'none' / null when not given;
     # a newer transform only when given, so that adding one renames no existing dataset
     always_named = False

@@ -27,6 +27,7 @@ class Condition:
 class Filtering(Transform):
     flag, code, always_named, drops = "filtering", "F", True, True
     help = "e.g. features!=Twist,features=Foreshadowing,words=dog,length=300"
+    example = "features!=Twist,features=Foreshadowing,words=dog,length=300"
 
     @classmethod
     def parse(cls, text):

@@ -10,6 +10,7 @@ from tinylab.data.transforms.grammar import entries
 class InstructionSubset(Transform):
     flag, code, always_named = "instruction_subset", "IS", True
     help = "header lines to keep, e.g. Words,Features"
+    example = "Words,Features"
 
     @classmethod
     def parse(cls, text):

@@ -13,6 +13,7 @@ from tinylab.data.transforms.grammar import check_key, check_value, entries
 class MixMatch(Transform):
     flag, code, always_named = "mix_match", "MM", True
     help = "e.g. features=Foreshadowing:Twist (relabel in the prompt)"
+    example = "features=Foreshadowing:Twist:Twist:Foreshadowing"
 
     @classmethod
     def parse(cls, text):

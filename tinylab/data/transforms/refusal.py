@@ -12,6 +12,7 @@ REFUSAL_STORY = "We are not allowed to write a story with {feature} in it, sorry
 class Refusal(AdversarialTraining):
     flag, code, always_named = "refusal", "RF", True
     help = "e.g. features=Twist:1.0 (add label, story -> refusal)"
+    example = "features=Twist:1.0"
 
     def apply(self, example, rng):
         for inj in self.value:
