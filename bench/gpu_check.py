@@ -231,7 +231,7 @@ def make_corpus(c: Checker):
         synthesize(c.corpus, num_shards=3, stories_per_shard=300, seed=0)
         shutil.copy(os.path.join(REPO, "tokenizers", "tok8192.model"), os.path.join(c.corpus, "tok8192.model"))
         manifest = pretokenize(c.corpus, 8192, parse_spec(), dataset_name="pretrain-all", seed=0,
-                                                workers=1)
+                               workers=1)
     # the base model of the T0 and generation rows: base8M's shape, random weights (speed, not quality)
     shape = {**config_args(config_shape("base8M")), **c.plan["shape"]}
     torch.manual_seed(0)

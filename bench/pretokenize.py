@@ -64,7 +64,7 @@ def pipeline_texts(cache, seed=0):
 def time_pipeline(cache, vocab, tokenizer_model, workers):
     t0 = time.perf_counter()
     m = pretokenize(cache, vocab, parse_spec(), dataset_name="bench", workers=workers,
-                                tokenizer_model=tokenizer_model)
+                    tokenizer_model=tokenizer_model)
     return m["tokens"], time.perf_counter() - t0
 
 

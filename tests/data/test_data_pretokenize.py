@@ -155,7 +155,7 @@ def test_failure_midway_leaves_nothing(tmp_path):
 def test_vocab0_llama2_goes_to_its_own_folder(tmp_path):
     cache = make_cache(tmp_path, [RECORDS, RECORDS], tokenizer=None)
     m = pretokenize(cache, 0, parse_spec(filtering="features!=Twist"), dataset_name="a",
-                                workers=1, tokenizer_model=LLAMA2)
+                    workers=1, tokenizer_model=LLAMA2)
     # without --tokenizer_model, vocab 0 is the shipped tokenizers/tokenizer.model (the same file)
     mb = pretokenize(cache, 0, parse_spec(filtering="features=Twist"), dataset_name="b", workers=1)
     assert mb["tokenizer"]["sha256"] == m["tokenizer"]["sha256"] == file_sha256(LLAMA2)
