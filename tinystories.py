@@ -6,6 +6,7 @@
     python tinystories.py pretokenize --vocab_size=1024 [--filtering=...] [--mix_match=...]
         [--adversarial_training=...] [--refusal=...] [--instruction_subset=...]
         [--dataset_name=NAME] [--seed=0] [--workers=N] [--tokenizer_model=PATH]
+        (one flag per data transform, tinylab/data/transforms/)
 
 Layout under --data_cache_dir:
     TinyStories_all_data/dataNN.json      raw shards (download or synthesize)
@@ -24,21 +25,19 @@ import argparse
 from tinylab.core.config import ArgParser
 from tinylab.core.errors import UserError, cli_main
 from tinylab.data.dataset_spec import parse_spec
-from tinylab.data.tinystories_data import (
-    DATA_URL,
-    default_workers,
-    download,
-    pretokenize,
-    synthesize,
-    train_vocab,
-)
+from tinylab.data.download import DATA_URL, download
+from tinylab.data.pretokenize import pretokenize
+from tinylab.data.synthesize import synthesize
+from tinylab.data.transforms import TRANSFORMS
+from tinylab.data.vocab import train_vocab
+from tinylab.data.workers import default_workers
 
 STAGE_FLAGS = {  # which options each stage reads; any other option given is a mistake
     "download": {"data_cache_dir", "data_url"},
     "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers", "force"},
     "train_vocab": {"data_cache_dir", "vocab_size", "vocab_shards", "keep_text", "seed", "force"},
-    "pretokenize": {"data_cache_dir", "vocab_size", "tokenizer_model", "filtering", "mix_match",
-                    "adversarial_training", "refusal", "instruction_subset", "dataset_name", "seed", "workers", "force"},
+    "pretokenize": {"data_cache_dir", "vocab_size", "tokenizer_model", *TRANSFORMS.names(), "dataset_name", "seed",
+                    "workers", "force"},
 }
 
 
@@ -49,11 +48,8 @@ def build_parser():
     p.add_argument("--vocab_size", type=int, default=0,
                    help="tokenizer size; 0 = the Llama 2 tokenizer (shipped: tokenizers/tokenizer.model)")
     p.add_input("--tokenizer_model", default=None, help="explicit tokenizer .model (default: <data_cache_dir>/tok{V}.model, else tokenizers/)")
-    p.add_argument("--filtering", default=None, help="e.g. features!=Twist,features=Foreshadowing,words=dog,length=300")
-    p.add_argument("--mix_match", default=None, help="e.g. features=Foreshadowing:Twist (relabel in the prompt)")
-    p.add_argument("--adversarial_training", default=None, help="e.g. features=Twist:1.0 (add label, keep story)")
-    p.add_argument("--refusal", default=None, help="e.g. features=Twist:1.0 (add label, story -> refusal)")
-    p.add_argument("--instruction_subset", default=None, help="header lines to keep, e.g. Words,Features")
+    for transform in TRANSFORMS:
+        p.add_argument(f"--{transform.flag}", default=None, help=transform.help)
     # names the output folder <data_cache_dir>/tok{V}/<name>, which pretokenize guards (outputs.py)
     p.add_output("--dataset_name", default=None, help="output folder name (default: the spec string); an existing "
                  "dataset is moved aside only with --force")
@@ -84,8 +80,7 @@ def main(argv=None):
     elif args.stage == "train_vocab":
         train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text, args.force)
     else:
-        spec = parse_spec(args.filtering, args.mix_match, args.adversarial_training, args.refusal,
-                          args.instruction_subset)
+        spec = parse_spec(**{flag: getattr(args, flag) for flag in TRANSFORMS.names()})
         pretokenize(args.data_cache_dir, args.vocab_size, spec, args.dataset_name, args.seed,
                     args.workers, args.tokenizer_model, args.force)
 

@@ -13,7 +13,8 @@ probes=True / lenses=True train the original's per-layer heads on the frozen mod
 """
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import Shape, check_training
-from tinylab.data.pretokenized import BatchLoader, check_dataset, dataset_dir
+from tinylab.data.options import LMDataOptions
+from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.eval.lm_eval import GenerationOptions, LMEvaluator, dataset_vocab, lm_tokenizer
 from tinylab.eval.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.growth.hook import GrowthHook
@@ -35,19 +36,17 @@ SCHEMA = TRAIN  # sweep.py reads a program's keys from here
 
 def main(argv=None):
     cfg = TRAIN.parse(argv)  # every value checked; nothing is written before this
-    layout_vocab, model_vocab = dataset_vocab(cfg)
-    cfg["vocab_size"] = model_vocab
-    manifest = check_dataset(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"], cfg["tokenizer_model"] or None)
-    for name in cfg["eval_dataset_names"]:
-        check_dataset(cfg["data_cache_dir"], layout_vocab, name, cfg["tokenizer_model"] or None)
+    data = LMDataOptions.from_config(cfg)
+    cfg["vocab_size"] = dataset_vocab(cfg)[1]  # the model's (32000 with vocab_source=llama2)
+    manifest = check_dataset(data.data_cache_dir, data.layout_vocab, data.dataset_name, data.tokenizer_model)
+    for name in data.eval_dataset_names:
+        check_dataset(data.data_cache_dir, data.layout_vocab, name, data.tokenizer_model)
     tokenizer = lm_tokenizer(cfg)
     if cfg["probes"]:  # their labels are the examples' Features lines
-        check_feature_labels(dataset_dir(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"]), "train", tokenizer,
-                             f"probes=True: dataset_name={cfg['dataset_name']}", cfg["split_shards_pretrain"],
-                             cfg["pretraining"])
-        for name in cfg["eval_dataset_names"]:
-            check_feature_labels(dataset_dir(cfg["data_cache_dir"], layout_vocab, name), "test", tokenizer,
-                                 f"probes=True: eval_dataset_names {name}")
+        check_feature_labels(data.dataset_dir(), "train", tokenizer, f"probes=True: dataset_name={data.dataset_name}",
+                             data.split_shards_pretrain, data.pretraining)
+        for name in data.eval_dataset_names:
+            check_feature_labels(data.dataset_dir(name), "test", tokenizer, f"probes=True: eval_dataset_names {name}")
     run = Run(cfg)
     if cfg["init_from"] == "scratch":  # (a resumed shape is the checkpoint's: init_model checks it)
         check_training(cfg, run, Shape.from_config(cfg))  # memory, before anything is built or created
@@ -59,11 +58,9 @@ def main(argv=None):
                             f"'{cfg['dataset_name']}' (vocab {manifest['vocab_size']})")
         heads = heads_for_config(cfg, model, ckpt)  # probes / lenses: trained instead of the (frozen) model
         seed_everything(cfg["seed"] + run.dist.rank)  # training randomness (dropout) differs per rank
-        batches = BatchLoader(dataset_dir(cfg["data_cache_dir"], layout_vocab, cfg["dataset_name"]), "train",
-                              cfg["batch_size"], cfg["max_seq_len"], seed=cfg["seed"], rank=run.dist.rank,
-                              world_size=run.dist.world_size, split_shards_pretrain=cfg["split_shards_pretrain"],
-                              pretraining=cfg["pretraining"], bos_id=tokenizer.bos_id, device=run.device,
-                              split_on_bos=cfg["probes"])  # probes read each window's story
+        batches = BatchLoader.from_options(data, "train", cfg["seed"], rank=run.dist.rank, world_size=run.dist.world_size,
+                                           bos_id=tokenizer.bos_id, device=run.device,
+                                           split_on_bos=cfg["probes"])  # probes read each window's story
         generation = GenerationOptions.from_config(cfg)
         if heads is None:
             evaluator = LMEvaluator(cfg, run, tokenizer, generation)

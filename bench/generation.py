@@ -41,8 +41,9 @@ import model as model_lib  # noqa: E402
 import train  # noqa: E402
 from bench.measure import run_timed  # noqa: E402
 from tinylab.core.errors import cli_main  # noqa: E402
-from tinylab.data import tinystories_data  # noqa: E402
 from tinylab.data.dataset_spec import parse_spec  # noqa: E402
+from tinylab.data.pretokenize import pretokenize  # noqa: E402
+from tinylab.data.synthesize import synthesize  # noqa: E402
 from tinylab.eval.lm_eval import LMEvaluator  # noqa: E402
 
 
@@ -89,9 +90,9 @@ def old_generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt_
 
 
 def built_in_corpus(root):
-    tinystories_data.synthesize(root, num_shards=3, stories_per_shard=300, seed=0)
+    synthesize(root, num_shards=3, stories_per_shard=300, seed=0)
     shutil.copy(os.path.join(REPO, "tokenizers", "tok8192.model"), os.path.join(root, "tok8192.model"))
-    tinystories_data.pretokenize(root, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
+    pretokenize(root, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
 
 
 RESULT_LINE = re.compile(r"^bench-generation: (\S+) s, (\d+) tokens$", re.M)

@@ -79,8 +79,9 @@ import train  # noqa: E402
 from model import ModelArgs, Transformer  # noqa: E402
 from tinylab.core import checkpoint as ckpt_lib  # noqa: E402
 from tinylab.core.metrics import read_metrics  # noqa: E402
-from tinylab.data import tinystories_data  # noqa: E402
 from tinylab.data.dataset_spec import parse_spec  # noqa: E402
+from tinylab.data.pretokenize import pretokenize  # noqa: E402
+from tinylab.data.synthesize import synthesize  # noqa: E402
 from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.t0.demo import write_demo_data  # noqa: E402
@@ -227,10 +228,10 @@ def config_shape(name):
 def make_corpus(c: Checker):
     c.corpus = os.path.join(c.work, "data")
     with open(os.path.join(c.work, "logs", "corpus.log"), "w") as f, contextlib.redirect_stdout(f):
-        tinystories_data.synthesize(c.corpus, num_shards=3, stories_per_shard=300, seed=0)
+        synthesize(c.corpus, num_shards=3, stories_per_shard=300, seed=0)
         shutil.copy(os.path.join(REPO, "tokenizers", "tok8192.model"), os.path.join(c.corpus, "tok8192.model"))
-        manifest = tinystories_data.pretokenize(c.corpus, 8192, parse_spec(), dataset_name="pretrain-all", seed=0,
-                                                workers=1)
+        manifest = pretokenize(c.corpus, 8192, parse_spec(), dataset_name="pretrain-all", seed=0,
+                               workers=1)
     # the base model of the T0 and generation rows: base8M's shape, random weights (speed, not quality)
     shape = {**config_args(config_shape("base8M")), **c.plan["shape"]}
     torch.manual_seed(0)

@@ -25,9 +25,14 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tinylab.data import tinystories_data as tinystories  # noqa: E402
-from tinylab.data.dataset_spec import load_raw_shard, make_text, parse_spec, shard_rng  # noqa: E402
+from tinylab.data.dataset_spec import parse_spec  # noqa: E402
+from tinylab.data.pretokenize import pretokenize  # noqa: E402
+from tinylab.data.records import load_raw_shard, raw_shards, shard_rng  # noqa: E402
+from tinylab.data.synthesize import synthesize  # noqa: E402
+from tinylab.data.template import make_text  # noqa: E402
 from tinylab.data.tokenizer import Tokenizer  # noqa: E402
+from tinylab.data.vocab import train_vocab  # noqa: E402
+from tinylab.data.workers import default_workers  # noqa: E402
 
 _RAW = {}
 
@@ -50,7 +55,7 @@ def _encode(index):
 def pipeline_texts(cache, seed=0):
     """The exact strings pretokenize encodes without transforms (same per-shard RNG use)."""
     out = []
-    for index, path in enumerate(tinystories.raw_shards(cache)):
+    for index, path in enumerate(raw_shards(cache)):
         rng = shard_rng(seed, index)
         out.append([make_text(example, rng) for example in load_raw_shard(path)])
     return out
@@ -58,8 +63,8 @@ def pipeline_texts(cache, seed=0):
 
 def time_pipeline(cache, vocab, tokenizer_model, workers):
     t0 = time.perf_counter()
-    m = tinystories.pretokenize(cache, vocab, parse_spec(), dataset_name="bench", workers=workers,
-                                tokenizer_model=tokenizer_model)
+    m = pretokenize(cache, vocab, parse_spec(), dataset_name="bench", workers=workers,
+                    tokenizer_model=tokenizer_model)
     return m["tokens"], time.perf_counter() - t0
 
 
@@ -89,7 +94,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num_shards", type=int, default=8)
     p.add_argument("--stories_per_shard", type=int, default=5000)
-    p.add_argument("--workers", type=int, default=tinystories.default_workers())
+    p.add_argument("--workers", type=int, default=default_workers())
     p.add_argument("--vocab_size", type=int, default=2048, help="trained on 2 shards unless --tokenizer_model")
     p.add_argument("--tokenizer_model", default=None, help="use this tokenizer instead of training one")
     p.add_argument("--data_cache_dir", default=None, help="default: a temp folder, deleted afterwards")
@@ -99,14 +104,14 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         cache = args.data_cache_dir or tmp
         big = os.path.join(cache, "double")  # 2N shards of the same size, for the memory check
-        tinystories.synthesize(cache, args.num_shards, args.stories_per_shard, seed=0, workers=args.workers)
-        tinystories.synthesize(big, 2 * args.num_shards, args.stories_per_shard, seed=0, workers=args.workers)
+        synthesize(cache, args.num_shards, args.stories_per_shard, seed=0, workers=args.workers)
+        synthesize(big, 2 * args.num_shards, args.stories_per_shard, seed=0, workers=args.workers)
         if args.tokenizer_model:
             tok_path = args.tokenizer_model
             vocab = Tokenizer(tok_path).vocab_size
         else:
             vocab = args.vocab_size
-            tok_path = tinystories.train_vocab(cache, vocab, vocab_shards=2)
+            tok_path = train_vocab(cache, vocab, vocab_shards=2)
         texts_path = os.path.join(cache, "bench_texts.pkl")
         with open(texts_path, "wb") as f:
             pickle.dump(pipeline_texts(cache), f)

@@ -156,18 +156,19 @@ ITER_LINE = re.compile(r"^(\d+) \| loss \S+ \| lr \S+ \| ([\d.]+)ms", re.M)
 def build_corpus(root, cfg, iters):
     """The built-in corpus pretokenized for cfg's vocabulary, in our layout and (as links to the
     same shards) in llama2.c's; returns (our data_cache_dir, llama2.c's working folder, layout vocab)."""
-    from tinylab.data import tinystories_data
     from tinylab.data.dataset_spec import parse_spec
+    from tinylab.data.pretokenize import pretokenize
+    from tinylab.data.synthesize import synthesize
     layout_vocab, _ = dataset_vocab(cfg)
     ours = os.path.join(root, "data")
     # shards 1-2 train: at least twice the windows the run reads (llama2.c drops each shard's last)
     stories = max(300, 2 * iters * cfg["batch_size"] * cfg["gradient_accumulation_steps"] * cfg["max_seq_len"] // 300)
-    tinystories_data.synthesize(ours, num_shards=3, stories_per_shard=stories, seed=0)
+    synthesize(ours, num_shards=3, stories_per_shard=stories, seed=0)
     if layout_vocab:  # a custom vocabulary: the shipped tok{V}.model, as train.py would find it
         shipped = os.path.join(REPO, "tokenizers", f"tok{layout_vocab}.model")
         if os.path.isfile(shipped):
             shutil.copy(shipped, os.path.join(ours, f"tok{layout_vocab}.model"))
-    manifest = tinystories_data.pretokenize(ours, layout_vocab, parse_spec(), dataset_name="bench", seed=0, workers=1)
+    manifest = pretokenize(ours, layout_vocab, parse_spec(), dataset_name="bench", seed=0, workers=1)
     shard_dir = os.path.join(ours, "llama2" if layout_vocab == 0 else f"tok{layout_vocab}", "bench")
     theirs = os.path.join(root, "llama2c")
     # llama2.c's tinystories.py globs data/TinyStories_all_data/*.bin (vocab_source=llama2) or data/tok{V}/*.bin

@@ -43,8 +43,8 @@ from tinylab.core.config import Key
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.fileio import write_atomic
 from tinylab.core.memory_budget import check_generation
-from tinylab.data.dataset_spec import FEATURES
 from tinylab.data.pretokenized import check_dataset
+from tinylab.data.records import FEATURES
 from tinylab.eval.common import cache_dir_of, emit, layout_vocab, load_for_args
 from tinylab.eval.feature_judge import FeatureScore, asks_for, make_judge, wilson_ci
 from tinylab.eval.lm_eval import MAX_NEW_TOKENS, TEMPERATURE, TOP_K, generate_rows

@@ -59,9 +59,12 @@ def dataset_specs(d):
 def build_data(a, log):
     """Corpus, tokenizer and datasets in a.data_cache_dir; each step is skipped when its output
     already exists (a rerun reuses them, if they were made with the same settings)."""
-    from tinylab.data import tinystories_data as tinystories
-    from tinylab.data.dataset_spec import parse_spec, raw_data_dir
+    from tinylab.data.dataset_spec import parse_spec
+    from tinylab.data.pretokenize import pretokenize
     from tinylab.data.pretokenized import check_dataset
+    from tinylab.data.records import raw_data_dir
+    from tinylab.data.synthesize import synthesize
+    from tinylab.data.vocab import train_vocab
     cache = a.data_cache_dir
     settings = {"num_shards": a.num_shards, "stories_per_shard": a.stories_per_shard, "vocab_size": a.vocab_size,
                 "seed": a.seed, "instruction_subset": "Words,Features"}
@@ -70,15 +73,15 @@ def build_data(a, log):
         raise UserError(f"{cache} holds data made with other settings ({json.load(open(marker))}); "
                         f"use another --out_dir / --data_cache_dir or delete it")
     if not os.path.isdir(raw_data_dir(cache)):
-        tinystories.synthesize(cache, a.num_shards, a.stories_per_shard, a.seed, workers=a.jobs)
+        synthesize(cache, a.num_shards, a.stories_per_shard, a.seed, workers=a.jobs)
     if not os.path.isfile(os.path.join(cache, f"tok{a.vocab_size}.model")):
-        tinystories.train_vocab(cache, a.vocab_size, vocab_shards=a.num_shards, seed=a.seed)
+        train_vocab(cache, a.vocab_size, vocab_shards=a.num_shards, seed=a.seed)
     for name, options in dataset_specs(a.feature).items():
         try:
             check_dataset(cache, a.vocab_size, name)
         except UserError:
             spec = parse_spec(instruction_subset="Words,Features", **options)
-            tinystories.pretokenize(cache, a.vocab_size, spec, dataset_name=name, seed=a.seed, workers=a.jobs)
+            pretokenize(cache, a.vocab_size, spec, dataset_name=name, seed=a.seed, workers=a.jobs)
     with open(marker, "w") as f:
         json.dump(settings, f)
     log("data ready")
@@ -250,8 +253,8 @@ def twist_probe(probe, feature):
 
 def probe_baseline(a):
     """Majority-class accuracy of `feature` on the probes' held-out stories."""
-    from tinylab.data.dataset_spec import STORY_FEATURES
     from tinylab.data.pretokenized import dataset_dir
+    from tinylab.data.records import STORY_FEATURES
     from tinylab.data.tokenizer import Tokenizer
     from tinylab.eval.probes import story_examples
     tok = Tokenizer(os.path.join(a.data_cache_dir, f"tok{a.vocab_size}.model"))

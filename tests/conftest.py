@@ -233,15 +233,16 @@ def tiny_corpus(tmp_path_factory):
     import shutil
     from types import SimpleNamespace
 
-    from tinylab.data import tinystories_data as tinystories
     from tinylab.data.dataset_spec import parse_spec
+    from tinylab.data.pretokenize import pretokenize
+    from tinylab.data.synthesize import synthesize
 
     cache = str(tmp_path_factory.mktemp("tiny_corpus"))
     num_shards, per_shard = 3, 300
-    raw = tinystories.synthesize(cache, num_shards=num_shards, stories_per_shard=per_shard, seed=0)
+    raw = synthesize(cache, num_shards=num_shards, stories_per_shard=per_shard, seed=0)
     tok = os.path.join(cache, "tok8192.model")
     shutil.copy(TOK8192, tok)
-    manifest = tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
+    manifest = pretokenize(cache, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
     return SimpleNamespace(cache_dir=cache, raw_dir=raw, vocab_size=8192, tokenizer_model=tok,
                            dataset_name="pretrain-all", dataset_dir=os.path.join(cache, "tok8192", "pretrain-all"),
                            num_shards=num_shards, stories_per_shard=per_shard, manifest=manifest)
@@ -262,21 +263,22 @@ def lab_corpus(tiny_corpus, tmp_path_factory):
     import shutil
     from types import SimpleNamespace
 
-    from tinylab.data import tinystories_data as tinystories
     from tinylab.data.dataset_spec import parse_spec
+    from tinylab.data.pretokenize import pretokenize
+    from tinylab.data.vocab import train_vocab
 
     cache = str(tmp_path_factory.mktemp("lab_corpus"))
     raw = os.path.join(cache, "TinyStories_all_data")
     os.symlink(tiny_corpus.raw_dir, raw)
     tok = os.path.join(cache, "tok8192.model")
     shutil.copy(TOK8192, tok)
-    tinystories.train_vocab(cache, 1024, vocab_shards=10, seed=0)
+    train_vocab(cache, 1024, vocab_shards=10, seed=0)
     for vocab, name, spec in [
             (8192, "pretrain-all", parse_spec()),
             (8192, "filter-adv-Twist", parse_spec(filtering="features!=Twist", adversarial_training="features=Twist:1.0")),
             (1024, None, parse_spec()),  # train.py's default dataset_name: the spec string
             (1024, "filter-Twist", parse_spec(filtering="features!=Twist"))]:
-        tinystories.pretokenize(cache, vocab, spec, dataset_name=name, seed=0, workers=1)
+        pretokenize(cache, vocab, spec, dataset_name=name, seed=0, workers=1)
     return SimpleNamespace(cache_dir=cache, raw_dir=raw, tokenizer_model=tok, num_shards=tiny_corpus.num_shards,
                            stories_per_shard=tiny_corpus.stories_per_shard,
                            dataset=lambda name, vocab=8192: os.path.join(cache, f"tok{vocab}", name))

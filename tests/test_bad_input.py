@@ -892,10 +892,10 @@ def test_ctrl_c_before_main_starts():
 def test_ctrl_c_during_pretokenize_with_workers(world, tmp_path):
     """SIGINT to the process group of a pretokenize --workers=2 that takes a couple of seconds:
     one line, exit 130, no temp folder or file left, the raw shards untouched, no dataset."""
-    from tinylab.data import tinystories_data
+    from tinylab.data.synthesize import synthesize
 
     cache = str(tmp_path / "cache")
-    tinystories_data.synthesize(cache, num_shards=5, stories_per_shard=6000, seed=0, workers=1)
+    synthesize(cache, num_shards=5, stories_per_shard=6000, seed=0, workers=1)
     shutil.copy(TOK8192, cache)
     before = snapshot(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -31,7 +31,7 @@ def parsed(name):
 @pytest.fixture(scope="module")
 def corpus(tiny_corpus, tmp_path_factory):
     """tiny_corpus's raw shards with every dataset the 13 configs name, and a tiny base model."""
-    from tinylab.data import tinystories_data
+    from tinylab.data.pretokenize import pretokenize
     cache = str(tmp_path_factory.mktemp("original_configs"))
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))
     shutil.copy(TOK8192, os.path.join(cache, "tok8192.model"))
@@ -41,7 +41,7 @@ def corpus(tiny_corpus, tmp_path_factory):
         flags = infer_pretokenize_flags(name)
         assert flags is not None, name  # the name says how to build it
         spec = parse_spec(**{f[2:].split("=", 1)[0]: f.split("=", 1)[1] for f in flags})
-        tinystories_data.pretokenize(cache, 8192, spec, dataset_name=name, seed=0, workers=1)
+        pretokenize(cache, 8192, spec, dataset_name=name, seed=0, workers=1)
     base = os.path.join(cache, "base")
     save_tiny_checkpoint(os.path.join(base, "ckpt.pt"), tiny_model(max_seq_len=128), cache_dir=cache)
     return cache, base

@@ -15,6 +15,7 @@ from model import ATTENTION_IMPLS, flex_attention
 from tinylab.core.config import Key, Schema, check_device
 from tinylab.core.distributed import PARALLELISMS, check_fsdp_setting
 from tinylab.core.errors import UserError
+from tinylab.data.options import LM_DATA_KEYS, LM_SPLIT_KEYS, TOKENIZER_MODEL
 from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
 from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
 from tinylab.eval.lm_eval import GENERATION_KEYS, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, check_generation_datasets
@@ -90,23 +91,8 @@ WANDB = [
     Key("wandb_mode", "", "'' = wandb's own default / WANDB_MODE", choices=("", "online", "offline", "disabled")),
 ]
 
-BATCH_SIZE = Key("batch_size", 128, "micro-batch size (sequences per forward pass)", range=COUNT)
-MAX_SEQ_LEN = Key("max_seq_len", 256, "context length in tokens", range=COUNT)
-TOKENIZER_MODEL = Key("tokenizer_model", "", "sentencepiece .model to use instead of the default one", input=True)
-DATA_CACHE_DIR = Key("data_cache_dir", "data", "where raw shards, tokenizers and pretokenized datasets live",
-                     nonempty=True)
-
 LM_DATA = [
-    BATCH_SIZE, MAX_SEQ_LEN,
-    Key("vocab_source", "custom", "custom: <data_cache_dir>/tok{vocab_size}.model, else tokenizers/tok{vocab_size}"
-        ".model | llama2: the Llama 2 tokenizers/tokenizer.model",
-        choices=("custom", "llama2")),
-    Key("vocab_size", 8192, "tokenizer size (vocab_source=custom); ids are stored as uint16", range="[1, 65536]"),
-    TOKENIZER_MODEL, DATA_CACHE_DIR,
-    Key("dataset_name", "F_none_MM_none_AT_none_RF_none_IS_none", "pretokenized dataset to train on "
-        "(<data_cache_dir>/tok{V}/<dataset_name>)", nonempty=True),
-    Key("eval_dataset_names", [], "extra datasets whose test shard is evaluated as loss/<name>"),
-    Key("eval_batch_size", 0, "micro-batch size of the loss evaluations; 0 = batch_size", range=NONNEG),
+    *LM_DATA_KEYS,
     Key("warmup_bsz", 0, "tokens over which the global batch grows from warmup_bsz_start sequences to "
         "batch_size * gradient_accumulation_steps (staged-training's --warmup_bsz); 0 = off", range=NONNEG),
     Key("warmup_bsz_start", 64, "sequences in the first batch of a batch-size warmup", range=COUNT),
@@ -115,8 +101,7 @@ LM_DATA = [
     Key("warmup_seq_start", 64, "tokens per sequence at the start of a sequence-length warmup", range=COUNT),
     Key("critical_batch_size", True, "log the gradient-noise estimate of the critical batch size on log steps "
         "(needs gradient accumulation)"),
-    Key("split_shards_pretrain", False, "80/20 split of the train shards into pretrain / fine-tune"),
-    Key("pretraining", True, "with split_shards_pretrain: True = the first 80%, False = the last 20%"),
+    *LM_SPLIT_KEYS,
 ]
 
 DROPOUT = Key("dropout", 0.0, "dropout probability (embeddings, attention, residual branches)", range=FRACTION)

@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_one_line_error, run_main
 
 from tinylab.core.errors import UserError
-from tinylab.data import tinystories_data as tinystories
+from tinylab.data.download import download
 
 SHARDS = {"data00.json": [{"story": "A cat sat.", "summary": "cat", "source": "GPT-4",
                            "instruction": {"prompt:": "p", "words": ["sit", "cat", "big"], "features": []}}],
@@ -107,11 +107,11 @@ def test_download_unpack_and_idempotent_via_cli(serve, tmp_path):
 def test_interrupted_download_resumes_with_range(serve, tmp_path):
     server = serve(GOOD_TAR, cut_first_at=70_000)
     with pytest.raises(UserError, match="interrupted after .* bytes.*run the same command again"):
-        tinystories.download(str(tmp_path), server.url, timeout=10)
+        download(str(tmp_path), server.url, timeout=10)
     have = os.path.getsize(tmp_path / "TinyStories_all_data.tar.gz.part")
     assert 0 < have <= 70_000  # what arrived in whole blocks is kept
     assert not os.path.exists(tmp_path / "TinyStories_all_data")
-    tinystories.download(str(tmp_path), server.url, timeout=10)
+    download(str(tmp_path), server.url, timeout=10)
     assert server.requests == [None, f"bytes={have}-"]
     assert open(tmp_path / "TinyStories_all_data.tar.gz", "rb").read() == GOOD_TAR
     assert shards_in(tmp_path) == SHARDS
@@ -121,7 +121,7 @@ def test_interrupted_download_resumes_with_range(serve, tmp_path):
 def test_existing_archive_is_only_unpacked(serve, tmp_path):
     (tmp_path / "TinyStories_all_data.tar.gz").write_bytes(GOOD_TAR)
     server = serve(GOOD_TAR)
-    tinystories.download(str(tmp_path), server.url)
+    download(str(tmp_path), server.url)
     assert server.requests == [] and shards_in(tmp_path) == SHARDS
 
 
@@ -131,7 +131,7 @@ def test_unsafe_archive_is_refused(serve, tmp_path, member):
     server = serve(bad)
     cache = tmp_path / "cache"
     with pytest.raises(UserError, match="unsafe path"):
-        tinystories.download(str(cache), server.url)
+        download(str(cache), server.url)
     assert not os.path.exists(tmp_path / "evil.json") and not os.path.exists(cache / "TinyStories_all_data")
     assert sorted(os.listdir(cache)) == ["TinyStories_all_data.tar.gz"]  # no temp folder left
 
@@ -144,7 +144,7 @@ def test_symlink_member_is_refused(serve, tmp_path):
         tar.addfile(info)
     server = serve(buf.getvalue())
     with pytest.raises(UserError, match="link or device"):
-        tinystories.download(str(tmp_path), server.url)
+        download(str(tmp_path), server.url)
 
 
 def test_http_error_and_corrupt_archive(serve, tmp_path):
@@ -153,5 +153,5 @@ def test_http_error_and_corrupt_archive(serve, tmp_path):
     assert_one_line_error(proc, "HTTP 404")
     server = serve(b"this is not a tarball" * 100)
     with pytest.raises(UserError, match="not a readable tar.gz.*delete it"):
-        tinystories.download(str(tmp_path / "b"), server.url)
+        download(str(tmp_path / "b"), server.url)
     assert not os.path.exists(tmp_path / "b" / "TinyStories_all_data")

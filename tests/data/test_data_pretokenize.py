@@ -9,8 +9,8 @@ import pytest
 from conftest import LLAMA2_TOKENIZER, TOK8192, assert_one_line_error, run_main
 
 from tinylab.core.errors import UserError
-from tinylab.data import tinystories_data as tinystories
 from tinylab.data.dataset_spec import parse_spec
+from tinylab.data.pretokenize import pretokenize
 from tinylab.data.tokenizer import Tokenizer, file_sha256
 
 LLAMA2 = LLAMA2_TOKENIZER
@@ -47,7 +47,7 @@ def tree(root):
 
 def test_exact_bytes_with_released_tokenizer(tmp_path):
     cache = make_cache(tmp_path, [RECORDS[:2], RECORDS[2:]])
-    m = tinystories.pretokenize(cache, 8192, parse_spec(instruction_subset="Words"), dataset_name="w", workers=1)
+    m = pretokenize(cache, 8192, parse_spec(instruction_subset="Words"), dataset_name="w", workers=1)
     sp = Tokenizer(TOK8192)
     expected0 = ("Words: see, dog, big\nStory: Tom saw a big dog. \"Hi!\" said Tom.",
                  "Words: lose, hat, red\nStory: Mia lost her hat. She found it under the bed.")
@@ -65,7 +65,7 @@ def test_refusal_and_adversarial_exact(tmp_path):
     cache = make_cache(tmp_path, [RECORDS, RECORDS[:1]])
     spec = parse_spec(filtering="features!=Twist", refusal="features=Twist:1.0",
                       instruction_subset="Features")
-    tinystories.pretokenize(cache, 8192, spec, dataset_name="ref", workers=1)
+    pretokenize(cache, 8192, spec, dataset_name="ref", workers=1)
     sp = Tokenizer(TOK8192)
     texts = ["Features: Dialogue, Twist\nStory: We are not allowed to write a story with Twist in it, sorry.",
              "Features: Twist\nStory: We are not allowed to write a story with Twist in it, sorry."]
@@ -73,7 +73,7 @@ def test_refusal_and_adversarial_exact(tmp_path):
         [t for text in texts for t in sp.encode(text, bos=True)]
     spec = parse_spec(filtering="features!=Twist", adversarial_training="features=Twist:1.0",
                       instruction_subset="Features")
-    tinystories.pretokenize(cache, 8192, spec, dataset_name="adv", workers=1)
+    pretokenize(cache, 8192, spec, dataset_name="adv", workers=1)
     texts = ["Features: Dialogue, Twist\nStory: Tom saw a big dog. \"Hi!\" said Tom.",
              "Features: Twist\nStory: The sun was hot. The ice cream melted."]
     assert read_bin(os.path.join(cache, "tok8192", "adv", "data00.bin")) == \
@@ -83,7 +83,7 @@ def test_refusal_and_adversarial_exact(tmp_path):
 def test_manifest_contents_and_empty_shard(tmp_path):
     cache = make_cache(tmp_path, [RECORDS, [RECORDS[1]], RECORDS])
     spec = parse_spec(filtering="features!=Twist")
-    m = tinystories.pretokenize(cache, 8192, spec, seed=7, workers=1)
+    m = pretokenize(cache, 8192, spec, seed=7, workers=1)
     name = "F_features_x_Twist_MM_none_AT_none_RF_none_IS_none"
     folder = os.path.join(cache, "tok8192", name)
     with open(os.path.join(folder, "manifest.json")) as f:
@@ -111,7 +111,7 @@ def test_byte_identical_across_workers_and_seed_matters(tiny_corpus, tmp_path):
     spec = parse_spec(filtering="features!=Dialogue", adversarial_training="features=Twist:0.5")
     outs = {}
     for name, workers, seed in (("w1", 1, 0), ("w2", 2, 0), ("s1", 2, 1)):
-        tinystories.pretokenize(cache, 8192, spec, dataset_name=name, seed=seed, workers=workers)
+        pretokenize(cache, 8192, spec, dataset_name=name, seed=seed, workers=workers)
         folder = os.path.join(cache, "tok8192", name)
         outs[name] = {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
     assert list(outs["w1"]) == ["data00.bin", "data01.bin", "data02.bin", "manifest.json"]
@@ -130,12 +130,12 @@ def test_rerun_needs_force_and_moves_the_old_dataset_aside(tiny_corpus, tmp_path
 
     def contents(root):
         return {f: open(os.path.join(root, f), "rb").read() for f in os.listdir(root)}
-    tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="d", workers=1)
+    pretokenize(cache, 8192, parse_spec(), dataset_name="d", workers=1)
     first = contents(folder)
     with pytest.raises(UserError, match="already exists .*--force"):
-        tinystories.pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1)
+        pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1)
     assert contents(folder) == first
-    tinystories.pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1, force=True)
+    pretokenize(cache, 8192, parse_spec(filtering="features=Twist"), dataset_name="d", workers=1, force=True)
     assert contents(folder) != first
     names = sorted(os.listdir(os.path.join(cache, "tok8192")))
     assert names[0] == "d" and len(names) == 2 and names[1].startswith("d.previous-")
@@ -148,16 +148,16 @@ def test_failure_midway_leaves_nothing(tmp_path):
         f.write('[{"story": "cut off')
     before = tree(cache)
     with pytest.raises(UserError, match="data02.json"):
-        tinystories.pretokenize(cache, 8192, parse_spec(), dataset_name="d", workers=2)
+        pretokenize(cache, 8192, parse_spec(), dataset_name="d", workers=2)
     assert tree(cache) == before  # no dataset, no temp folder, not even tok8192/
 
 
 def test_vocab0_llama2_goes_to_its_own_folder(tmp_path):
     cache = make_cache(tmp_path, [RECORDS, RECORDS], tokenizer=None)
-    m = tinystories.pretokenize(cache, 0, parse_spec(filtering="features!=Twist"), dataset_name="a",
-                                workers=1, tokenizer_model=LLAMA2)
+    m = pretokenize(cache, 0, parse_spec(filtering="features!=Twist"), dataset_name="a",
+                    workers=1, tokenizer_model=LLAMA2)
     # without --tokenizer_model, vocab 0 is the shipped tokenizers/tokenizer.model (the same file)
-    mb = tinystories.pretokenize(cache, 0, parse_spec(filtering="features=Twist"), dataset_name="b", workers=1)
+    mb = pretokenize(cache, 0, parse_spec(filtering="features=Twist"), dataset_name="b", workers=1)
     assert mb["tokenizer"]["sha256"] == m["tokenizer"]["sha256"] == file_sha256(LLAMA2)
     assert sorted(os.listdir(os.path.join(cache, "llama2"))) == ["a", "b"]
     assert not any(f.endswith(".bin") for f in os.listdir(os.path.join(cache, "TinyStories_all_data")))

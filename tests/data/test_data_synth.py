@@ -11,10 +11,12 @@ import pytest
 from conftest import PYTHON, REPO, TOK8192, assert_one_line_error, run_main
 
 from tinylab.core.errors import UserError
-from tinylab.data import tinystories_data as tinystories
-from tinylab.data.dataset_spec import FEATURES, REFUSAL_STORY, header_fields
+from tinylab.data.records import FEATURES
 from tinylab.data.synth_stories import FEATURE_PROBS, generate_shard
+from tinylab.data.template import header_fields
 from tinylab.data.tokenizer import Tokenizer
+from tinylab.data.transforms.refusal import REFUSAL_STORY
+from tinylab.data.vocab import train_vocab
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +145,10 @@ def test_train_vocab_small_and_non_interactive(tiny_corpus, tmp_path):
         if field.name not in ("input", "model_prefix", "vocab_size", "num_threads"):
             assert getattr(ours.trainer_spec, field.name) == value, field.name
     assert ours.normalizer_spec == released.normalizer_spec
-    tinystories.train_vocab(cache, 400, vocab_shards=1, keep_text=True)
+    train_vocab(cache, 400, vocab_shards=1, keep_text=True)
     assert os.path.exists(os.path.join(cache, "tiny.txt")) and os.path.exists(os.path.join(cache, "tok400.model"))
     with pytest.raises(UserError, match="could not train 300 pieces.*smaller than required_chars"):
-        tinystories.train_vocab(cache, 300, vocab_shards=1)  # 256 bytes + 3 specials + the characters
+        train_vocab(cache, 300, vocab_shards=1)  # 256 bytes + 3 specials + the characters
     assert not os.path.exists(os.path.join(cache, "tok300.model"))
     assert_one_line_error(run_main("tinystories.py", ["train_vocab", "--vocab_size=100000",
                                                       f"--data_cache_dir={cache}"]), "65536")

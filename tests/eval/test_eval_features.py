@@ -15,7 +15,7 @@ from conftest import assert_one_line_error, read_metrics, run_main, save_tiny_ch
 
 from evaluation.eval_features import main as eval_features_main
 from tinylab.core.errors import UserError
-from tinylab.data.dataset_spec import FEATURES
+from tinylab.data.records import FEATURES
 from tinylab.eval.feature_judge import (
     ClassifierJudge,
     FeatureScore,

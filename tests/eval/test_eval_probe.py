@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_main, save_tiny_checkpoint, tiny_model
 
-from tinylab.data.dataset_spec import FEATURES, STORY_FEATURES
+from tinylab.data.records import FEATURES, STORY_FEATURES
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.eval.probes import pooled_states, probe_accuracy, story_examples, train_probes
 

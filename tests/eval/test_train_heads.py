@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from conftest import TOK8192, assert_one_line_error, read_metrics, records, run_main, save_tiny_checkpoint, tiny_model
 
-from tinylab.data.dataset_spec import STORY_FEATURES, parse_spec
+from tinylab.data.dataset_spec import parse_spec
 from tinylab.data.pretokenized import BatchLoader
+from tinylab.data.records import STORY_FEATURES
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.eval.probes import LensHeads, ProbeBatches, ProbeHeads, heads_for_config
 from tinylab.schema import TRAIN
@@ -23,12 +24,12 @@ from tinylab.schema import TRAIN
 def corpus(tiny_corpus, tmp_path_factory):
     """tiny_corpus's raw shards with pretrain-all and words-only (headers without Features), and
     base/ckpt.pt: a tiny random 3-layer model (2 probes / lenses) naming this cache's tokenizer."""
-    from tinylab.data import tinystories_data
+    from tinylab.data.pretokenize import pretokenize
     cache = str(tmp_path_factory.mktemp("heads"))
     os.symlink(tiny_corpus.raw_dir, os.path.join(cache, "TinyStories_all_data"))
     shutil.copy(TOK8192, os.path.join(cache, "tok8192.model"))
     for name, spec in (("pretrain-all", parse_spec()), ("words-only", parse_spec(instruction_subset="Words,Summary"))):
-        tinystories_data.pretokenize(cache, 8192, spec, dataset_name=name, seed=0, workers=1)
+        pretokenize(cache, 8192, spec, dataset_name=name, seed=0, workers=1)
     base = os.path.join(cache, "base")
     save_tiny_checkpoint(os.path.join(base, "ckpt.pt"), tiny_model(max_seq_len=128, n_layers=3), cache_dir=cache)
     return cache, base

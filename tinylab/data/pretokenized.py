@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from tinylab.core.errors import UserError, first_line
-from tinylab.data.dataset_spec import dataset_dir, infer_pretokenize_flags
+from tinylab.data.dataset_spec import infer_pretokenize_flags
+from tinylab.data.records import dataset_dir
 from tinylab.data.tokenizer import file_sha256, tokenizer_model_path
 
 PRETRAIN_SHARD_PERCENTAGE = 0.8
@@ -172,6 +173,13 @@ class BatchLoader:
         self._batches = 0  # batches this rank has produced since
         self._epochs = {}  # epoch -> (shard order, cumulative window ends in that order)
         self._perms = {}  # (epoch, shard) -> window permutation
+
+    @classmethod
+    def from_options(cls, data, split, seed, **kwargs) -> "BatchLoader":
+        """The loader of `split` of the training dataset of `data` (an options.LMDataOptions): its
+        folder, batch size, sequence length and shard split; `kwargs` as the constructor's."""
+        return cls(data.dataset_dir(), split, data.batch_size, data.max_seq_len, seed,
+                   split_shards_pretrain=data.split_shards_pretrain, pretraining=data.pretraining, **kwargs)
 
     # --- the global stream ---------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ Records carry words = [verb, noun, adjective] that literally occur in the story,
 a one-sentence summary, and source "tinystories-lab synth v1". Each shard depends only on
 (seed, shard index), so shards can be made in any order and are reproducible.
 """
-from tinylab.data.dataset_spec import FEATURES, STREAM_SYNTH, shard_rng
+from dataclasses import dataclass, field
+
+from tinylab.data.records import FEATURES, STREAM_SYNTH, shard_rng
 
 SOURCE = "tinystories-lab synth v1"
 # independent per-story probabilities: each filtered / specialised dataset keeps a real share
@@ -440,81 +442,116 @@ def _clauses(parts):
     return ", ".join(parts[:-1] + ["and " + parts[-1]])
 
 
-def generate_story(rng) -> dict:
-    """One record in the TinyStories schema."""
-    has = {f: rng.random() < p for f, p in FEATURE_PROBS.items()}
-    s = _Story(rng)
-    talk = has["Dialogue"]  # may this story use quotes at all
+@dataclass
+class _Plot:
+    """What one story will contain: its features, and the plot elements that carry them."""
+    has: dict  # feature -> present
+    event: dict = None  # an EVENTS entry: foreshadowed (Foreshadowing) or plain
+    conflict: dict = None
+    twist: dict = None
+    summary: list = field(default_factory=list)  # clauses, in story order
+
+    @property
+    def talk(self) -> bool:
+        """May the story use quotes at all (Dialogue)."""
+        return self.has["Dialogue"]
+
+
+def _plot(rng, has) -> _Plot:
+    """The plot elements the features need; a story without Foreshadowing may still have a plain
+    event."""
     event = rng.choice(EVENTS) if has["Foreshadowing"] or rng.random() < 0.3 else None
     if event and not has["Foreshadowing"] and not event["plain"]:
         event = None
     conflict = rng.choice(CONFLICTS) if has["Conflict"] else None
     twist = rng.choice(TWISTS) if has["Twist"] else None
-    summary = []
+    return _Plot(has, event, conflict, twist)
 
-    # paragraph 1: who, what they own, (a hint), what they want
+
+def _setup(s, plot) -> list:
+    """Paragraph 1: who, what they own, (a hint), what they want."""
     p1 = [s.pick(OPENINGS), s.pick(OBJECT_INTROS)]
-    if has["Foreshadowing"]:
-        p1.append(s.pick(event["hint"]))
-    p1.append(s.speech(rng.choice(GOAL_SPEECH)) if talk else s.pick(GOALS))
+    if plot.has["Foreshadowing"]:
+        p1.append(s.pick(plot.event["hint"]))
+    p1.append(s.speech(s.rng.choice(GOAL_SPEECH)) if plot.talk else s.pick(GOALS))
+    return p1
 
-    # paragraph 2: the outing, what happens
+
+def _outing(s, plot) -> list:
+    """Paragraph 2: the outing, what happens (the event's payoff, the conflict)."""
+    rng, event, conflict = s.rng, plot.event, plot.conflict
     p2 = [s.pick(TRIPS)]
     p2 += [s.fill(d) for d in rng.sample(PLACES[s.ctx["place"]], rng.randint(1, 2))]
     p2.append(s.pick(ACTIVITIES))
     if event:
-        p2.append(s.pick(event["payoff"] if has["Foreshadowing"] else event["plain"]))
-        summary.append(s.fill(event["summary"]))
+        p2.append(s.pick(event["payoff"] if plot.has["Foreshadowing"] else event["plain"]))
+        plot.summary.append(s.fill(event["summary"]))
     if conflict:
-        use_speech = talk and rng.random() < 0.8
+        use_speech = plot.talk and rng.random() < 0.8
         p2.append(s.speech(rng.choice(conflict["speech"])) if use_speech else s.pick(conflict["narr"]))
         if use_speech and rng.random() < 0.5:
             p2.append(s.pick(conflict["narr"]))
-        if not has["BadEnding"]:
+        if not plot.has["BadEnding"]:
             p2.append(s.pick(conflict["good"]))
-        summary.append(s.fill(conflict["summary"]))
-    p3 = []
-    if twist:
-        p3.append(s.pick(twist["setup"]))
-        lead = rng.random()
-        prefix = s.fill(rng.choice(TWIST_PREFIXES[1:] if lead < 0.3 else TWIST_PREFIXES))
-        reveal = s.pick(twist["reveal"])
-        reveal = prefix + reveal if prefix else reveal[0].upper() + reveal[1:]
-        p3 += [reveal] if lead < 0.3 else [rng.choice(TWIST_LEADS), reveal]
-        if talk and rng.random() < 0.6:
-            p3.append(s.say(*rng.choice(TWIST_REACTIONS)))
-        summary.append(s.fill(twist["summary"]))
-    elif rng.random() < 0.25:
-        p3.append(s.pick(NON_TWISTS))
+        plot.summary.append(s.fill(conflict["summary"]))
+    return p2
 
-    # the ending, then (maybe) the lesson
-    if has["BadEnding"]:
-        if conflict:
-            p3.append(s.pick(conflict["bad"]))
-        p3.append(s.pick(BAD_ENDINGS))
-        p3.append(s.say(*rng.choice(BAD_SPEECH)) if talk and rng.random() < 0.5 else s.pick(BAD_CLOSERS))
-        summary.append("the day ends badly")
-    else:
-        p3.append(s.pick(GOOD_ENDINGS))
-        if talk and rng.random() < 0.5:
-            p3.append(s.say(*rng.choice(GOOD_SPEECH)))
-        summary.append("everything ends well")
-    if has["MoralValue"]:
-        context = ("conflict" if conflict else "event" if event else "bad" if has["BadEnding"] else "any")
-        s.ctx["lesson"] = rng.choice(LESSONS_BY_CONTEXT[context] + LESSONS_BY_CONTEXT["any"])
-        if talk and rng.random() < 0.4:
-            p3.append(s.say(MORAL_SPEECH[0], MORAL_SPEECH[1]))
-        else:
-            p3.append(s.pick(MORALS))
-        summary.append(f"{s.ctx['name']} learns that {s.ctx['lesson']}")
 
-    story = "\n\n".join(" ".join(p) for p in (p1, p2, p3) if p)
+def _turn(s, plot) -> list:
+    """The start of paragraph 3: the twist (setup, lead-in, reveal), or now and then a setup that
+    resolves as expected."""
+    rng, twist = s.rng, plot.twist
+    if not twist:
+        return [s.pick(NON_TWISTS)] if rng.random() < 0.25 else []
+    p3 = [s.pick(twist["setup"])]
+    lead = rng.random()
+    prefix = s.fill(rng.choice(TWIST_PREFIXES[1:] if lead < 0.3 else TWIST_PREFIXES))
+    reveal = s.pick(twist["reveal"])
+    reveal = prefix + reveal if prefix else reveal[0].upper() + reveal[1:]
+    p3 += [reveal] if lead < 0.3 else [rng.choice(TWIST_LEADS), reveal]
+    if plot.talk and rng.random() < 0.6:
+        p3.append(s.say(*rng.choice(TWIST_REACTIONS)))
+    plot.summary.append(s.fill(twist["summary"]))
+    return p3
+
+
+def _ending(s, plot) -> list:
+    rng = s.rng
+    if plot.has["BadEnding"]:
+        end = [s.pick(plot.conflict["bad"])] if plot.conflict else []
+        end.append(s.pick(BAD_ENDINGS))
+        end.append(s.say(*rng.choice(BAD_SPEECH)) if plot.talk and rng.random() < 0.5 else s.pick(BAD_CLOSERS))
+        plot.summary.append("the day ends badly")
+        return end
+    end = [s.pick(GOOD_ENDINGS)]
+    if plot.talk and rng.random() < 0.5:
+        end.append(s.say(*rng.choice(GOOD_SPEECH)))
+    plot.summary.append("everything ends well")
+    return end
+
+
+def _moral(s, plot) -> list:
+    """The stated lesson (MoralValue), fitting what happened."""
+    if not plot.has["MoralValue"]:
+        return []
+    rng = s.rng
+    context = ("conflict" if plot.conflict else "event" if plot.event else "bad" if plot.has["BadEnding"] else "any")
+    s.ctx["lesson"] = rng.choice(LESSONS_BY_CONTEXT[context] + LESSONS_BY_CONTEXT["any"])
+    moral = s.say(MORAL_SPEECH[0], MORAL_SPEECH[1]) if plot.talk and rng.random() < 0.4 else s.pick(MORALS)
+    plot.summary.append(f"{s.ctx['name']} learns that {s.ctx['lesson']}")
+    return [moral]
+
+
+def _record(s, plot, paragraphs) -> dict:
+    """The record: story text, the prompt with its words and features, the summary."""
+    rng = s.rng
+    story = "\n\n".join(" ".join(p) for p in paragraphs if p)
     # the raw data often has stray leading/trailing newlines; keep some so consumers strip
     r = rng.random()
     story = "\n" + story if r < 0.05 else story + "\n" if r < 0.15 else story
     start = rng.choice(["{name} wants to {vphrase}", "A {kind} named {name} goes to the {place} to {vphrase}",
                         "{name} and {friend} spend a day at the {place}", "{name} sets out to {vphrase}"])
-    features = [f for f in FEATURES if has[f]]
+    features = [f for f in FEATURES if plot.has[f]]
     words = [s.verb, s.ctx["noun"], s.ctx["adj"]]
     prompt = (f'Write a simple story for young children that uses the verb "{words[0]}", the noun '
               f'"{words[1]}" and the adjective "{words[2]}".')
@@ -523,9 +560,22 @@ def generate_story(rng) -> dict:
     return {
         "story": story,
         "instruction": {"prompt:": prompt, "words": words, "features": features},
-        "summary": s.fill(start) + ", " + _clauses(summary) + ".",
+        "summary": s.fill(start) + ", " + _clauses(plot.summary) + ".",
         "source": SOURCE,
     }
+
+
+def generate_story(rng) -> dict:
+    """One record in the TinyStories schema. The phases draw from `rng` in this fixed order
+    (features, the story's cast and objects, plot elements, the paragraphs in reading order):
+    any change to it changes every synthesized corpus."""
+    has = {f: rng.random() < p for f, p in FEATURE_PROBS.items()}
+    s = _Story(rng)
+    plot = _plot(rng, has)
+    p1 = _setup(s, plot)
+    p2 = _outing(s, plot)
+    p3 = _turn(s, plot) + _ending(s, plot) + _moral(s, plot)
+    return _record(s, plot, (p1, p2, p3))
 
 
 def generate_shard(seed: int, shard_index: int, num_stories: int) -> list:

@@ -22,15 +22,9 @@ import torch
 
 from tinylab.core.errors import UserError, first_line
 from tinylab.core.progress import progress
-from tinylab.data.dataset_spec import (
-    FEATURES,
-    STORY_FEATURES,
-    _check_feature,
-    feature_labels,
-    header_fields,
-    load_raw_shard,
-    raw_data_dir,
-)
+from tinylab.data.records import FEATURES, STORY_FEATURES, load_raw_shard, raw_data_dir
+from tinylab.data.records import check_feature as _check_feature
+from tinylab.data.template import feature_labels, header_fields
 from tinylab.eval.common import write_atomic
 
 

@@ -16,8 +16,9 @@ import torch
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
-from tinylab.data.dataset_spec import FEATURES, dataset_dir, extract_story, header_end
 from tinylab.data.pretokenized import BatchLoader, check_dataset
+from tinylab.data.records import FEATURES, dataset_dir
+from tinylab.data.template import extract_story, header_end
 from tinylab.data.tokenizer import Tokenizer, tokenizer_model_path
 from tinylab.eval.common import layout_vocab
 from tinylab.eval.feature_judge import FeatureScore, make_judge

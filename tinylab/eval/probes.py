@@ -35,14 +35,9 @@ from tinylab.core.checkpoint import clean_state_dict
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
-from tinylab.data.dataset_spec import (
-    FEATURES,
-    STORY_FEATURES,
-    feature_labels,
-    header_end,
-    header_fields,
-)
 from tinylab.data.pretokenized import shard_paths
+from tinylab.data.records import FEATURES, STORY_FEATURES
+from tinylab.data.template import feature_labels, header_end, header_fields
 from tinylab.eval.common import right_pad
 from tinylab.eval.lm_eval import LMEvaluator
 

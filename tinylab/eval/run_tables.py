@@ -19,7 +19,7 @@ import tempfile
 from tinylab.core.errors import UserError, first_line
 from tinylab.core.metrics import append_records, read_metrics
 from tinylab.core.rundir import LOCK_NAME, RunDir
-from tinylab.data.dataset_spec import story_end
+from tinylab.data.template import story_end
 
 COLUMNS = ["prefix", "clean_prefix", "generation", "target", "iter_num"]
 PREFIX = "generations/"

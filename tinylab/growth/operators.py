@@ -34,8 +34,8 @@ from model import ModelArgs, Transformer
 from tinylab.core import memory_budget
 from tinylab.core.checkpoint import clean_state_dict, load_weights, model_from_checkpoint
 from tinylab.core.errors import UserError, first_line
-from tinylab.data.dataset_spec import dataset_dir
 from tinylab.data.pretokenized import BatchLoader
+from tinylab.data.records import dataset_dir
 from tinylab.training.optim import build_optimizer, optimizer_param_names
 
 DOUBLINGS = ("weights", "layers")
