@@ -29,6 +29,7 @@ CFG = dict(TRAIN.defaults(), learning_rate=1e-2, adam_eps=1e-6, max_iters=100, w
 
 def test_the_width_and_depth_operators_are_registered_in_order():
     assert NAMES[:2] == ("weights", "layers")  # the order of --help, error lines and the planner's candidates
+    assert all(OPERATORS.get(n).plan_default for n in NAMES[:2])  # the paper's calibrated c and thresholds
     assert all(isinstance(op, GrowthOperator) for op in OPERATORS)
 
 
@@ -44,6 +45,7 @@ def test_every_entry_has_every_field(name):
         assert op.why_not_exact  # the error line says why
     else:
         assert callable(op.exact)
+    assert isinstance(op.plan_default, bool)
     for variant, (placement, copies) in op.layer_variants.items():
         assert placement in PLACEMENTS and isinstance(copies, bool), variant
     # the names its settings go by are unique across the registry
@@ -57,7 +59,9 @@ def test_every_reader_takes_the_entry(name):
     assert name in GROW.keys["doubling"].choices and op.display in GROW.keys["doubling"].help
     assert TRAIN.keys[f"grow_c_{op.setting}"].default == op.c and GROW.keys[f"c_{op.setting}"].default == op.c
     assert GROW.keys[f"threshold_{op.setting}"].default == op.slope_threshold == SLOPE_THRESHOLDS[name]
-    assert name in GROW.keys["operators"].default.split(",")
+    # the planner combines the calibrated operators unless --operators names others
+    assert (name in GROW.keys["operators"].default.split(",")) == op.plan_default == (name in PlanOptions().operators)
+    assert name in GROW.keys["operators"].help and GROW.keys["operators"].check(name) is None
     assert op.output_suffix in GROW.keys["out_dir"].help
     assert GrowthOptions(name).c[name] == op.c and PlanOptions().c[name] == op.c
     assert GrowthOptions(name, **{f"c_{op.setting}": 3.0}).c[name] == 3.0

@@ -46,6 +46,9 @@ class GrowthOperator:
     # an operator with them adds layers (--placement and --doubling_layers apply)
     layer_variants: dict = field(default_factory=dict)
     threshold_help: str = ""   # --threshold_<setting>'s help ('' = "grow <setting> when ... rises above this")
+    # among the planner's default candidates (--operators): c and slope_threshold are calibrated
+    # (the paper's, §7); other operators are planned when --operators names them
+    plan_default: bool = False
 
     @property
     def c_flag(self) -> str:
@@ -54,6 +57,11 @@ class GrowthOperator:
     @property
     def threshold_flag(self) -> str:
         return f"threshold_{self.setting}"
+
+
+def plan_defaults() -> tuple:
+    """The operators the planner combines unless --operators says otherwise."""
+    return tuple(op.name for op in OPERATORS if op.plan_default)
 
 
 def operator_names(having="", sep=", ") -> str:

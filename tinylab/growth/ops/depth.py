@@ -56,7 +56,7 @@ def grow_depth(weights, args, opt_state, opts, gen=None):
 
 DEPTH = register(GrowthOperator(
     name="layers", setting="depth", display="depth x2", c=C_DEPTH, slope_threshold=-0.0575,
-    grown_args=deepened_args, grow=grow_depth, output_suffix=".doubled_layer",
+    grown_args=deepened_args, grow=grow_depth, output_suffix=".doubled_layer", plan_default=True,
     why_not_exact="new layers learn, so depth growth cannot reproduce the small model's updates",
     threshold_help="grow depth when the slope rises above this",
     layer_variants={"alternate_id": ("interleave", False), "append_id": ("append", False),

@@ -142,4 +142,5 @@ def half_asymmetry(model, tokens):
 
 WIDTH = register(GrowthOperator(
     name="weights", setting="width", display="width x2", c=C_WIDTH, slope_threshold=-0.0475,
-    grown_args=widened_args, grow=grow_width, output_suffix=".doubled_weights", exact=exact_overrides))
+    grown_args=widened_args, grow=grow_width, output_suffix=".doubled_weights", exact=exact_overrides,
+    plan_default=True))

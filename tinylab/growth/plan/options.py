@@ -1,7 +1,8 @@
 """What to plan: grow.py --plan's keys and the typed PlanOptions made from them.
 
-The operator keys come from the registry (ops/): --operators' names and default, and one
---threshold_<setting> per operator (the --c_<setting> keys are options.py's, shared with growing).
+The operator keys come from the registry (ops/): --operators' names and its default (the entries
+with plan_default), and one --threshold_<setting> per operator (the --c_<setting> keys are
+options.py's, shared with growing).
 """
 import math
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Optional
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.growth.ops import OPERATORS
+from tinylab.growth.ops.base import plan_defaults
 from tinylab.growth.rule import SLOPE_THRESHOLDS
 
 
@@ -22,7 +24,7 @@ class PlanOptions:
     budget: Optional[float] = None        # FLOPs of the whole plan
     target_loss: Optional[float] = None   # instead: the cheapest plan to this loss (budget: a cap)
     max_growths: int = 2
-    operators: tuple = OPERATORS.names()
+    operators: tuple = plan_defaults()    # the operators the candidates combine
     thresholds: dict = field(default_factory=lambda: dict(SLOPE_THRESHOLDS))
     c: dict = field(default_factory=_default_c)  # the paper's constants
     continue_at: str = "c"                # c: S_pre / c (the paper) | loss: the step of equal fitted loss
@@ -74,7 +76,7 @@ PLAN_KEYS = [
     Key("target_loss", None, "instead: the least compute to this loss (with --budget as a cap)", type=float,
         range="(0, inf)"),
     Key("max_growths", 2, "candidate plans grow up to this many times", range="[0, 4]"),
-    Key("operators", ",".join(OPERATORS.names()), f"the growth operators the candidates combine "
+    Key("operators", ",".join(plan_defaults()), f"the growth operators the candidates combine "
         f"({', '.join(OPERATORS.names())})", check=_check_operators),
     *[Key(op.threshold_flag, op.slope_threshold,
           op.threshold_help or f"grow {op.setting} when d log10 L / d log10 C rises above this", range="(-inf, 0)")
