@@ -12,11 +12,11 @@ The staged-training repository's commands work too (docs/growth.md §6.5):
     python grow.py --doubling weights --resume out/ckpt.pt --out_dir out_wide \
         --restart_steps 3319 --restart_warmup_steps 200 --reset_lr_scheduler [--reset_optimizer]
 
-The operators are tinylab/growth/operators.py's (the same ones train.py's grow_schedule applies inside a
-run); the math is in docs/growth.md, the flags in tinylab/schema.py (GROW). The loss on a batch
-of the run's test data (random tokens when the checkpoint names no dataset here) is printed
-before and after: ~0 change for the function-preserving operators, and the damage a plain copy
-(alternate_copy / append_copy) does.
+The operators are tinylab/growth/ops/'s (the same ones train.py's grow_schedule applies inside a
+run); the math is in docs/growth.md, the flags in tinylab/growth/options.py and
+tinylab/growth/plan/options.py. The loss on a batch of the run's test data (random tokens when
+the checkpoint names no dataset here) is printed before and after: ~0 change for the
+function-preserving operators, and the damage a plain copy (alternate_copy / append_copy) does.
 """
 import os
 import sys
@@ -25,25 +25,30 @@ from tinylab.core.checkpoint import load_checkpoint, save_checkpoint
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.outputs import guard_file
 from tinylab.core.rundir import RunDir
-from tinylab.growth.operators import GrowthOptions, check_restart, grow_checkpoint, growth_summary, loss_change
-from tinylab.growth.plan import plan_main, refuse_plan_flags, split_multi_values
+from tinylab.growth.ops import OPERATORS
+from tinylab.growth.options import GrowthOptions
+from tinylab.growth.plan.cli import plan_main, refuse_plan_flags, split_multi_values
+from tinylab.growth.report import growth_summary, loss_change
+from tinylab.growth.state import check_restart, grow_checkpoint
 from tinylab.schema import GROW, TRAIN
 
 
 def options(a) -> GrowthOptions:
     placement, copies = a.placement, False
     if a.doubling_layers is not None:
-        if a.doubling != "layers":
-            raise UserError(f"--doubling_layers={a.doubling_layers} applies to --doubling layers")
+        if a.doubling_layers not in OPERATORS.get(a.doubling).layer_variants:
+            owner = next(op.name for op in OPERATORS if a.doubling_layers in op.layer_variants)
+            raise UserError(f"--doubling_layers={a.doubling_layers} applies to --doubling {owner}")
         placement, copies = GrowthOptions.DOUBLING_LAYERS[a.doubling_layers]
         if a.placement not in (placement, GROW.keys["placement"].default):
             raise UserError(f"--doubling_layers={a.doubling_layers} places the copies {placement}, "
                             f"but --placement={a.placement} was given")
     return GrowthOptions(doubling=a.doubling, mode=a.mode, symmetry_breaking=a.symmetry_breaking,
                          sb_scale=a.sb_scale, sb_alpha=a.sb_alpha, placement=placement, seed=a.seed,
-                         c_width=a.c_width, c_depth=a.c_depth, rewarmup_iters=a.rewarmup_iters, copy_layers=copies,
+                         rewarmup_iters=a.rewarmup_iters, copy_layers=copies,
                          restart_steps=a.restart_steps, restart_warmup_steps=a.restart_warmup_steps,
-                         reset_lr_scheduler=a.reset_lr_scheduler, reset_optimizer=a.reset_optimizer).check()
+                         reset_lr_scheduler=a.reset_lr_scheduler, reset_optimizer=a.reset_optimizer,
+                         **{op.c_flag: getattr(a, op.c_flag) for op in OPERATORS}).check()
 
 
 def main(argv=None):
@@ -59,7 +64,7 @@ def main(argv=None):
     opts = options(a)
     source = os.path.join(a.resume, "ckpt.pt") if os.path.isdir(a.resume) else a.resume
     if a.out_dir is None:  # the original's names, beside the input (one atomic file: no run folder to lock)
-        out_path = source + (".doubled_weights" if a.doubling == "weights" else ".doubled_layer")
+        out_path = source + OPERATORS.get(a.doubling).output_suffix
     else:
         out_path = os.path.join(a.out_dir, "ckpt.pt")
     with RunDir(a.out_dir, enabled=a.out_dir is not None) as run_dir:  # created, locked; removed again if unused

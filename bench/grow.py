@@ -6,8 +6,8 @@ state), by default of the 91M-parameter model of configs/base91M.py.
     python bench/grow.py --save                             # also time the atomic checkpoint write
 
 The training state is built in memory (random weights, AdamW moments filled as after training),
-then grow.grow_checkpoint runs on it, as `grow.py` and in-run growth do; the time excludes loading
-the input checkpoint. Prints seconds per doubling and the parameter counts.
+then growth/state.grow_checkpoint runs on it, as `grow.py` and in-run growth do; the time excludes loading
+the input checkpoint. Prints seconds per registered operator and the parameter counts.
 """
 import argparse
 import os
@@ -21,7 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import ModelArgs, Transformer  # noqa: E402
 from tinylab.core.checkpoint import model_args_dict, save_checkpoint  # noqa: E402
-from tinylab.growth import operators as grow  # noqa: E402
+from tinylab.growth.ops import OPERATORS  # noqa: E402
+from tinylab.growth.ops.base import meta_model  # noqa: E402
+from tinylab.growth.options import GrowthOptions  # noqa: E402
+from tinylab.growth.state import grow_checkpoint  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.training.optim import build_optimizer, optimizer_param_names  # noqa: E402
 
@@ -54,11 +57,11 @@ def main():
     state = training_state(model)
     print(f"model: {model.num_params() / 1e6:.1f}M parameters (dim {args.dim}, {args.n_layers} layers), "
           f"torch threads {torch.get_num_threads()}")
-    for doubling in grow.DOUBLINGS:
+    for doubling in OPERATORS.names():
         t0 = time.perf_counter()
-        grown = grow.grow_checkpoint(state, grow.GrowthOptions(doubling=doubling), state["config"])
+        grown = grow_checkpoint(state, GrowthOptions(doubling), state["config"])
         dt = time.perf_counter() - t0
-        n = grow.meta_model(ModelArgs.from_dict(grown["model_args"])).num_params()
+        n = meta_model(ModelArgs.from_dict(grown["model_args"])).num_params()
         line = f"{doubling:8s} -> {n / 1e6:.1f}M parameters: grow {dt:.2f} s (weights + AdamW state)"
         if args.save:
             with tempfile.TemporaryDirectory() as d:

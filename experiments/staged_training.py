@@ -20,7 +20,7 @@ same data order:
                 "width+depth": dim 64 and 2 layers. The same schedule shape stretched over 10x the
                 iterations (growth comes early in the small model's own schedule, as in the
                 paper), trained in chunks of one evaluation interval (train.py resume_train,
-                bit-exact) so the slope rule (growth.growth_point; thresholds -0.0475 width,
+                bit-exact) so the slope rule (rule.growth_point; thresholds -0.0475 width,
                 -0.0575 depth, -0.03 width+depth) is checked online; if it never fires the model
                 grows at the end of its budget (--max_iters), with a message saying so.
   variants      grow.py on the small checkpoint, then train.py continues on the target's config
@@ -54,7 +54,7 @@ The grown run's iterations after growth are N_post = ceil((C_target - g·F_small
 the final loss at equal compute against the target's, the FLOPs at which the grown run first
 reaches the target's final loss (log-log interpolation between evaluations) and the saving
 1 - that / C_target ("never" if it does not reach it within C_target), and for width growth the
-relative half-asymmetry RMS(h1 - h2) / RMS(h) of the final hidden state (growth.half_asymmetry's
+relative half-asymmetry RMS(h1 - h2) / RMS(h) of the final hidden state (ops.width.half_asymmetry's
 quantity, normalised) on fixed test windows. Every number goes to <out_dir>/seed<N>/results.json
 and, over all seeds, <out_dir>/results.json; the plots to <plots>.png (operators) and
 <plots>_width.png (width variants and ablations).
@@ -81,7 +81,10 @@ from tinylab.core.errors import UserError, cli_main  # noqa: E402
 from tinylab.core.metrics import read_metrics  # noqa: E402
 from tinylab.core.outputs import guard_file, guard_folder, move_aside  # noqa: E402
 from tinylab.data.pretokenized import BatchLoader, dataset_dir  # noqa: E402
-from tinylab.growth import operators as growth  # noqa: E402
+from tinylab.growth.ops.base import meta_model  # noqa: E402
+from tinylab.growth.ops.depth import DEPTH  # noqa: E402
+from tinylab.growth.ops.width import WIDTH  # noqa: E402
+from tinylab.growth.rule import growth_point, loss_slopes  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.training.optim import lr_at  # noqa: E402
 
@@ -91,8 +94,8 @@ HALF_WIDTH = dict(dim=64, n_heads=2, n_kv_heads=2, hidden_dim=192)
 SMALL = {"width": dict(TARGET, **HALF_WIDTH), "depth": dict(TARGET, n_layers=2),
          "width+depth": dict(TARGET, **HALF_WIDTH, n_layers=2)}
 SMALL_DECAY = 10  # the small models' cosine runs over 10x the target's iterations
-C_WIDTH, C_DEPTH, C_COMBINED = 1.776, 1.412, 2.455  # docs/growth.md §7
-THRESHOLDS = {"width": growth.SLOPE_THRESHOLDS["weights"], "depth": growth.SLOPE_THRESHOLDS["layers"],
+C_WIDTH, C_DEPTH, C_COMBINED = WIDTH.c, DEPTH.c, 2.455  # docs/growth.md §7
+THRESHOLDS = {"width": WIDTH.slope_threshold, "depth": DEPTH.slope_threshold,
               "width+depth": -0.03}
 FLOP_FORMULA = ("training FLOPs = sum over segments of model.flops_per_token x tokens, flops_per_token = "
                 "6N + 12·L·d·T (PaLM; N = matmul parameters incl. the tied head, T = 64), tokens = 16 x 64 "
@@ -106,7 +109,7 @@ def s_target(g, c):
 
 # name: (small model, label, [(doubling, flags(g, n_post, a))], measures the half-asymmetry)
 def _w(*extra):
-    return [("weights", lambda g, n, a: [f"--c_width={C_WIDTH}", f"--rewarmup_iters={a.rewarmup_iters}", *extra])]
+    return [(WIDTH.name, lambda g, n, a: [f"--c_width={C_WIDTH}", f"--rewarmup_iters={a.rewarmup_iters}", *extra])]
 
 
 def _restart(keep_lr=False, aligned=False):
@@ -114,26 +117,26 @@ def _restart(keep_lr=False, aligned=False):
         s = a.max_iters - n if aligned else s_target(g, C_WIDTH)
         return [f"--restart_steps={s}", f"--restart_warmup_steps={a.rewarmup_iters}"] + \
             ([] if keep_lr else ["--reset_lr_scheduler"])
-    return [("weights", flags)]
+    return [(WIDTH.name, flags)]
 
 
 VARIANTS = {
     "width": ("width", "width (S_pre/1.776, re-warmup)", _w(), True),
     "depth": ("depth", "depth (S_pre/1.412, re-warmup)", [
-        ("layers", lambda g, n, a: [f"--c_depth={C_DEPTH}", f"--rewarmup_iters={a.rewarmup_iters}"])], False),
+        (DEPTH.name, lambda g, n, a: [f"--c_depth={C_DEPTH}", f"--rewarmup_iters={a.rewarmup_iters}"])], False),
     "width+depth": ("width+depth", "width+depth (S_pre/2.455, re-warmup)", [
-        ("weights", lambda g, n, a: [f"--c_width={C_COMBINED}", f"--rewarmup_iters={a.rewarmup_iters}"]),
-        ("layers", lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+        (WIDTH.name, lambda g, n, a: [f"--c_width={C_COMBINED}", f"--rewarmup_iters={a.rewarmup_iters}"]),
+        (DEPTH.name, lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
     "width-restart": ("width", "width, --restart_steps S_target --reset_lr_scheduler", _restart(), True),
     "width-restart-keeplr": ("width", "width, --restart_steps S_target (small model's LR)", _restart(True), True),
     "width-resetopt": ("width", "width, --reset_optimizer", _w("--reset_optimizer"), True),
     "width-nojump": ("width", "width, no position jump (c = 1)", [
-        ("weights", lambda g, n, a: ["--c_width=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+        (WIDTH.name, lambda g, n, a: ["--c_width=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
     "width-aligned": ("width", "width, restart at max_iters - N_post (anneals at C_target)",
                       _restart(aligned=True), True),
     "width+depth-aligned": ("width+depth", "width+depth, position max_iters - N_post (anneals at C_target)", [
-        ("weights", lambda g, n, a: [f"--c_width={g / (a.max_iters - n)!r}", f"--rewarmup_iters={a.rewarmup_iters}"]),
-        ("layers", lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
+        (WIDTH.name, lambda g, n, a: [f"--c_width={g / (a.max_iters - n)!r}", f"--rewarmup_iters={a.rewarmup_iters}"]),
+        (DEPTH.name, lambda g, n, a: ["--c_depth=1", f"--rewarmup_iters={a.rewarmup_iters}"])], True),
     "width-sb-off": ("width", "width, --symmetry_breaking off", _w("--symmetry_breaking=off"), True),
     "width-sb-split": ("width", "width, --symmetry_breaking split", _w("--symmetry_breaking=split"), True),
 }
@@ -165,7 +168,7 @@ def prepare_data(cache):
 def flops_per_iter(shape, cfg):
     args = ModelArgs(vocab_size=VOCAB, multiple_of=cfg["multiple_of"], max_seq_len=cfg["max_seq_len"], **shape)
     tokens = cfg["batch_size"] * cfg["gradient_accumulation_steps"] * cfg["max_seq_len"]
-    return growth.meta_model(args).flops_per_token(cfg["max_seq_len"]) * tokens
+    return meta_model(args).flops_per_token(cfg["max_seq_len"]) * tokens
 
 
 def curve(segments, cfg):
@@ -270,8 +273,8 @@ def small_run(key, a, cfg, seed_dir):
             continue
         pts = curve([(d, 0, SMALL[key])], cfg)[1:]  # iteration 0 has no compute
         compute, losses = [p[1] for p in pts], [p[2] for p in pts]
-        slopes = growth.loss_slopes(compute, losses)
-        idx = growth.growth_point(compute, losses, threshold)
+        slopes = loss_slopes(compute, losses)
+        idx = growth_point(compute, losses, threshold)
         if idx is not None:
             s_pre = pts[idx][0]
             break

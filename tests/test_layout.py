@@ -95,7 +95,7 @@ def test_the_graph_is_read_correctly():
     """The checks above must be able to fail: the known edges are seen."""
     mods, edges = graph()
     assert "tinylab.training.trainer" in edges["train"] and "model" in edges["tinylab.core.checkpoint"]
-    assert "tinylab.training.optim" in edges["tinylab.growth.operators"] and "tinylab.training.adafactor" in edges["tinylab.training.optim"]
+    assert "tinylab.training.optim" in edges["tinylab.growth.optimizer_state"] and "tinylab.training.adafactor" in edges["tinylab.training.optim"]
     assert "evaluation.eval_features" in entry_scripts(mods) and "tinylab.training.trainer" not in entry_scripts(mods)
 
 

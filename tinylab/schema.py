@@ -20,17 +20,9 @@ from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
 from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
 from tinylab.eval.lm_eval import GENERATION_KEYS, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, check_generation_datasets
 from tinylab.eval.probes import HEADS_KEYS, check_heads
-from tinylab.growth.operators import (
-    C_DEPTH,
-    C_WIDTH,
-    PLACEMENTS,
-    SLOPE_THRESHOLDS,
-    SYMMETRY_BREAKING,
-    parse_auto_growth,
-    parse_grow_schedule,
-    unreachable_growth,
-)
-from tinylab.growth.operators import MODES as GROW_MODES
+from tinylab.growth.options import GROW_SECTIONS, GROWTH_KEYS
+from tinylab.growth.plan.options import PLAN_SECTION
+from tinylab.growth.schedule import check_growth
 from tinylab.t0.options import (
     PRESET_EXTRAS,
     T0_DATA,
@@ -153,20 +145,6 @@ ADAFACTOR = [
         range=POSITIVE),
 ]
 
-GROW_C_WIDTH = Key("grow_c_width", C_WIDTH, "target mode: S_target = S_pre / c after width growth", range="[1, inf)")
-GROW_C_DEPTH = Key("grow_c_depth", C_DEPTH, "target mode: S_target = S_pre / c after depth growth", range="[1, inf)")
-GROW_REWARMUP = Key("grow_rewarmup_iters", 150, "target mode: linear LR re-warmup iterations after growth",
-                    range=NONNEG)
-GROW_MODE = Key("grow_mode", "target", "target: schedule back to S_pre/c + LR re-warmup | exact: reproduce the "
-                "small model's updates (width only)", choices=GROW_MODES)
-GROW_SB = Key("grow_symmetry_breaking", "", "how the duplicated halves split each matrix; '' = random (target), "
-              "off (exact)", choices=("",) + SYMMETRY_BREAKING)
-GROWTH = [
-    Key("grow_schedule", "", "grow inside the run: '2000:weights,6000:layers' (double width / depth after those "
-        "iterations) or 'auto:weights,layers' (when the paper's slope rule fires on loss/test; docs/growth.md §7)"),
-    GROW_MODE, GROW_SB, GROW_C_WIDTH, GROW_C_DEPTH, GROW_REWARMUP,
-]
-
 DEVICE = Key("device", "", "cpu, cuda, cuda:N, mps; '' = the best available", check=check_device)
 DTYPE = Key("dtype", "", "'' = bfloat16 on CUDA (float16 without bf16 support), float32 otherwise",
             choices=("",) + DTYPES)
@@ -236,18 +214,6 @@ def check_init(cfg):
         raise UserError("init_from=resume_model needs --model_dir=DIR (a folder holding ckpt.pt)")
 
 
-def check_growth(cfg):
-    schedule = parse_grow_schedule(cfg)
-    parse_auto_growth(cfg)
-    # a resumed run may carry schedule shifts of its own (a grow.py checkpoint): checked from 0 only
-    late = None if cfg["init_from"] in ("resume_train", "resume") else unreachable_growth(cfg, schedule)
-    if late:
-        it, end = late
-        beyond = (f"max_iters={cfg['max_iters']}" if end == cfg["max_iters"] else
-                  f"the run's end at iteration {end} (max_iters={cfg['max_iters']} + {end - cfg['max_iters']} from "
-                  f"the earlier growths' schedule shifts)")
-        raise UserError(f"grow_schedule step {it} is beyond {beyond}: the run stops before it and would never grow "
-                        f"there; raise max_iters or move the step")
 
 
 def check_parallelism(cfg):
@@ -273,7 +239,7 @@ def prepare_train(cfg):
 TRAIN = Schema("train.py", [
     ("I/O", IO), ("wandb", WANDB), ("data", LM_DATA), ("model", MODEL),
     ("probes and lenses: heads trained on the frozen model", HEADS_KEYS), ("optimizer and schedule", OPTIMIZER),
-    ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH),
+    ("Adafactor", ADAFACTOR), ("staged training: growth inside the run", GROWTH_KEYS),
     ("generation evaluation", GENERATION_KEYS), ("system", SYSTEM),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
        check_heads, check_parallelism],
@@ -326,7 +292,7 @@ FINETUNE_T0 = TRAIN.derive(
           INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
                        "resume_train: continue out_dir")],
     # the model's shape comes from the base checkpoint; these are language-modelling keys
-    drop=[k.name for k in LM_DATA + GROWTH + GENERATION_KEYS + HEADS_KEYS] + [k.name for k in MODEL if k is not DROPOUT],
+    drop=[k.name for k in LM_DATA + GROWTH_KEYS + GENERATION_KEYS + HEADS_KEYS] + [k.name for k in MODEL if k is not DROPOUT],
     sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
               ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START)],
     rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
@@ -347,63 +313,7 @@ SAMPLE = Schema("sample.py", [
                               TOOL_DATA_CACHE, DEVICE]),
 ])
 
-GROW = Schema("grow.py", [
-    ("growth", [
-        Key("doubling", None, "weights (width x2) | layers (depth x2)", type=str, choices=("weights", "layers")),
-        Key("resume", None, "checkpoint file or a folder holding ckpt.pt", type=str, nonempty=True, input=True),
-        Key("out_dir", None, "folder for the grown ckpt.pt (default: <checkpoint>.doubled_weights / "
-            ".doubled_layer beside the input, the original's names)", type=str, nonempty=True,
-            output="grown_checkpoint", output_path=False),
-        GROW_MODE.replace(name="mode"),
-        GROW_SB.replace(name="symmetry_breaking"),
-        Key("sb_scale", 0.5, "symmetry_breaking=random: R ~ N(0, (sb_scale * RMS(W))^2)", range=NONNEG),
-        Key("sb_alpha", 0.8, "symmetry_breaking=split: A = C = alpha W, B = D = (1 - alpha) W", range="[0, 1]"),
-        Key("placement", "interleave", "layers: the copy of layer i at 2i + 1, or all copies after the stack",
-            choices=PLACEMENTS),
-        SEED.replace(default=0, help="seed of the symmetry-breaking noise"),
-        GROW_C_WIDTH.replace(name="c_width"), GROW_C_DEPTH.replace(name="c_depth"),
-        GROW_REWARMUP.replace(name="rewarmup_iters"),
-        Key("force", False, "replace an existing grown checkpoint or plan (never a training run's checkpoint)"),
-    ]),
-    ("the staged-training repository's flags (docs/growth.md §6.5)", [
-        Key("doubling_layers", None, "layers: alternate_id | append_id (function-preserving: the copies' output "
-            "projections are zero; = --placement interleave | append) | alternate_copy | append_copy (plain "
-            "copies, NOT loss-preserving: the loss change is printed)", type=str,
-            choices=("alternate_id", "append_id", "alternate_copy", "append_copy")),
-        Key("restart_steps", None, "the grown run's schedule position: its first step is restart_steps + 1 "
-            "(replaces target mode's S_pre / c)", type=int, range=NONNEG),
-        Key("restart_warmup_steps", 0, "with --restart_steps: a linear re-warmup over this many steps, the "
-            "original's get_restart_linear_schedule_with_warmup", range=NONNEG),
-        Key("reset_lr_scheduler", False, "the grown run takes its peak learning rate from the config it is resumed "
-            "with (without it, with --restart_steps, the checkpoint's learning_rate is kept, as a restored "
-            "LambdaLR keeps its base_lrs)"),
-        Key("reset_optimizer", False, "drop the optimizer state: the grown run starts with fresh AdamW moments"),
-    ]),
-    ("plan (--plan): growth points from the runs' fitted scaling laws (docs/growth.md §7.1)", [
-        Key("plan", False, "plan the compute-optimal growth stages from run logs instead of growing a checkpoint"),
-        Key("runs", [], "run folders with config.json + metrics.jsonl: --runs A B (or --runs=A,B)", input=True),
-        Key("budget", None, "training FLOPs of the whole plan: recommend the lowest predicted final loss",
-            type=float, range=POSITIVE),
-        Key("target_loss", None, "instead: the least compute to this loss (with --budget as a cap)", type=float,
-            range=POSITIVE),
-        Key("max_growths", 2, "candidate plans grow up to this many times", range="[0, 4]"),
-        Key("operators", "weights,layers", "the growth operators the candidates combine (weights, layers)",
-            check=lambda v: None if all(o.strip() in ("weights", "layers") for o in v.split(","))
-            else "must be a comma-separated list of weights, layers"),
-        Key("threshold_width", SLOPE_THRESHOLDS["weights"], "grow width when d log10 L / d log10 C rises above this",
-            range="(-inf, 0)"),
-        Key("threshold_depth", SLOPE_THRESHOLDS["layers"], "grow depth when the slope rises above this",
-            range="(-inf, 0)"),
-        Key("threshold_optimality", SLOPE_THRESHOLDS["optimality"], "the optimality point (reported for the last "
-            "stage)", range="(-inf, 0)"),
-        Key("continue_at", "c", "c: the grown model continues at S_pre / c_width or c_depth (the paper) | loss: at "
-            "the step where its fitted curve has the loss at growth", choices=("c", "loss")),
-        Key("alpha_N", 0.076, "one model size in --runs: E(N) = (N_c/N)^alpha_N with this exponent (Kaplan et al.)",
-            range=POSITIVE),
-        Key("plan_out", "", "the plan's JSON ('' = <first run>/growth_plan.json); replaced only with --force",
-            output="json"),
-    ]),
-])
+GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION])  # the keys: tinylab/growth/
 
 EVAL = Schema("evaluation", [("model", EVAL_KEYS)])  # every evaluation tool's flags (tinylab/eval/keys.py)
 

@@ -16,7 +16,14 @@ import train
 from model import ModelArgs, Transformer
 from tinylab.core.checkpoint import load_checkpoint, load_weights, model_args_dict
 from tinylab.core.errors import UserError
-from tinylab.growth import operators as grow
+from tinylab.growth.ops import base as ops_base
+from tinylab.growth.ops.base import check_limits, grown_args
+from tinylab.growth.ops.depth import PLACEMENTS, ZEROED_IN_NEW_LAYERS
+from tinylab.growth.ops.width import half_asymmetry
+from tinylab.growth.options import SYMMETRY_BREAKING, GrowthOptions
+from tinylab.growth.rule import growth_point, loss_slopes
+from tinylab.growth.schedule import parse_grow_schedule
+from tinylab.growth.state import grow_checkpoint
 from tinylab.schema import TRAIN
 from tinylab.training.optim import (
     build_optimizer,
@@ -89,14 +96,14 @@ def train_steps(m, opt, data, start=0, overrides=None, rewarmup=None, cfg=CFG, c
 
 
 def grown(ckpt, doubling="weights", **kw):
-    return grow.grow_checkpoint(ckpt, grow.GrowthOptions(doubling=doubling, **kw), ckpt["config"])
+    return grow_checkpoint(ckpt, GrowthOptions(doubling=doubling, **kw), ckpt["config"])
 
 
 # ---------------------------------------------------------------------- function preservation
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("kv,tie", [(None, True), (2, True), (None, False), (2, False)])
-@pytest.mark.parametrize("sb", grow.SYMMETRY_BREAKING)
+@pytest.mark.parametrize("sb", SYMMETRY_BREAKING)
 def test_width_preserves_loss(dtype, tol, kv, tie, sb):
     small = tiny(kv, tie, dtype)
     batch = batches(1)[0]
@@ -112,7 +119,7 @@ def test_width_preserves_loss(dtype, tol, kv, tie, sb):
         assert (logits1 - logits0).abs().max().item() < tol
 
 
-@pytest.mark.parametrize("placement", grow.PLACEMENTS)
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("kv,tie", [(2, True), (None, False)])
 def test_depth_preserves_loss(placement, dtype, tol, kv, tie):
@@ -153,7 +160,7 @@ def test_negative_controls_change_the_loss():
     d = grown(state(small), "layers")
     plain = dict(d["model"])
     for i in (1, 3):
-        for name in grow.ZEROED_IN_NEW_LAYERS:
+        for name in ZEROED_IN_NEW_LAYERS:
             plain[f"layers.{i}.{name}"] = d["model"][f"layers.{i - 1}.{name}"]
     for weights, args in ((no_half, g["model_args"]), (plain, d["model_args"])):
         m = Transformer(ModelArgs.from_dict(args)).double()
@@ -208,7 +215,7 @@ def test_depth_new_layers_get_gradient_and_zero_gain_is_a_dead_saddle():
     big, opt = load(grown(state(small), "layers"))
     first = new_layer_grads(big, data[0])
     for name, g in first.items():
-        if name.endswith(grow.ZEROED_IN_NEW_LAYERS):
+        if name.endswith(ZEROED_IN_NEW_LAYERS):
             assert g > 1e-6, name  # the zeroed output projections learn at once
         else:
             assert g == 0.0, name  # everything behind them only from the second step
@@ -222,7 +229,7 @@ def test_depth_new_layers_get_gradient_and_zero_gain_is_a_dead_saddle():
     for i in (1, 3):
         d["model"][f"layers.{i}.attention_norm.weight"] = torch.zeros(32, dtype=torch.float64)
         d["model"][f"layers.{i}.ffn_norm.weight"] = torch.zeros(32, dtype=torch.float64)
-        for name in grow.ZEROED_IN_NEW_LAYERS:
+        for name in ZEROED_IN_NEW_LAYERS:
             d["model"][f"layers.{i}.{name}"] = small.layers[(i - 1) // 2].state_dict()[name].clone()
     dead, opt = load(d)
     assert abs(loss(dead, data[0])[0] - loss(small, data[0])[0]) < 1e-10
@@ -319,9 +326,9 @@ def test_symmetry_breaking(sb, diverges):
     small, opt = trained_small(steps=2)
     big, big_opt = load(grown(state(small, opt, iter_num=2), symmetry_breaking=sb))
     probe = batches(1, seed=5)[0][0]
-    assert grow.half_asymmetry(big, probe) < 1e-12  # exactly duplicated at growth
+    assert half_asymmetry(big, probe) < 1e-12  # exactly duplicated at growth
     train_steps(big, big_opt, batches(25, seed=9), start=2)
-    asym = grow.half_asymmetry(big, probe)
+    asym = half_asymmetry(big, probe)
     assert asym > 1e-2 if diverges else asym < 1e-10, asym  # measured: 28, 24 vs 7e-13, 5e-14
 
 
@@ -473,11 +480,11 @@ def test_bad_input(tmp_path, monkeypatch):
     fails(state(tiny(dropout=0.1)), "dropout", "--doubling=weights", "--mode=exact")
     fails(good, "c_width", "--doubling=weights", "--c_width=0.5")
     with monkeypatch.context() as mp:  # a consistent checkpoint whose grown model is too deep (4 > 3)
-        mp.setattr(grow, "MAX_LAYERS", 3)
+        mp.setattr(ops_base, "MAX_LAYERS", 3)
         fails(state(small), "limits", "--doubling=layers")
     wide = ModelArgs(dim=20480, n_layers=2, n_heads=160, vocab_size=8, max_seq_len=4)
     with pytest.raises(UserError, match="limits"):
-        grow.check_limits(grow.grown_args(wide, "weights"))
+        check_limits(grown_args(wide, "weights"))
 
     grow_cli.main(["--doubling=weights", f"--resume={good}", f"--out_dir={out}"])
     with pytest.raises(UserError, match="already exists"):
@@ -488,13 +495,13 @@ def test_bad_input(tmp_path, monkeypatch):
     # in-run schedule mistakes stop train.py before training
     for sched, frag in (("6:heads", "doubling"), ("x:weights", "ITER"), ("0:weights", ">= 1"), ("3:weights,3:layers", "once")):
         with pytest.raises(UserError, match=frag):
-            grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": sched, "max_iters": 10})
+            parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": sched, "max_iters": 10})
     with pytest.raises(UserError, match="width-only"):
-        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "grow_mode": "exact", "max_iters": 10})
+        parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "grow_mode": "exact", "max_iters": 10})
     with pytest.raises(UserError, match="dropout"):
-        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:weights", "grow_mode": "exact", "dropout": 0.1, "max_iters": 10})
+        parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:weights", "grow_mode": "exact", "dropout": 0.1, "max_iters": 10})
     with pytest.raises(UserError, match="adamw"):
-        grow.parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "optimizer": "adafactor", "max_iters": 10})
+        parse_grow_schedule({**TRAIN.defaults(), "grow_schedule": "3:layers", "optimizer": "adafactor", "max_iters": 10})
 
 
 def grow_fails(tmp_path, ckpt, fragment, *args, out=None):
@@ -572,8 +579,8 @@ def test_broken_model_args_are_a_shape_mismatch_not_a_size_limit(tmp_path):
 def test_growth_timing_slope_rule():
     compute = [10.0 ** (1 + 0.1 * i) for i in range(30)]
     power_law = [3.0 * c ** -0.07 for c in compute]  # L = a C^-alpha: every smoothed slope is -alpha
-    assert all(abs(s + 0.07) < 1e-12 for s in grow.loss_slopes(compute, power_law)[1:])
-    assert grow.growth_point(compute, power_law, -0.0475) is None
+    assert all(abs(s + 0.07) < 1e-12 for s in loss_slopes(compute, power_law)[1:])
+    assert growth_point(compute, power_law, -0.0475) is None
     # a curve whose log-log slope steepens to -0.3 at point 5, then flattens by 0.02 per point
     slopes = [-0.1, -0.2, -0.25, -0.3] + [-0.3 + 0.02 * k for k in range(1, 25)]
     logl = [0.5]
@@ -581,6 +588,6 @@ def test_growth_timing_slope_rule():
         logl.append(logl[-1] + 0.1 * s)
     raw, compute = [10 ** v for v in logl], compute[:len(logl)]
     # window 1: the first point whose own slope exceeds -0.0475 is -0.3 + 0.02k > -0.0475, k = 13
-    assert grow.growth_point(compute, raw, -0.0475, window=1) == 4 + 13
+    assert growth_point(compute, raw, -0.0475, window=1) == 4 + 13
     # window 5: the mean of the last five slopes lags by two points
-    assert grow.growth_point(compute, raw, -0.0475) == 4 + 13 + 2
+    assert growth_point(compute, raw, -0.0475) == 4 + 13 + 2

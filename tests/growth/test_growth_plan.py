@@ -1,4 +1,4 @@
-"""grow.py --plan (tinylab/growth/plan.py, docs/growth.md §7.1): fitting L(N, S) = (N_c/N)^alpha_N +
+"""grow.py --plan (tinylab/growth/plan/, docs/growth.md §7.1): fitting L(N, S) = (N_c/N)^alpha_N +
 (S_c/S)^alpha_S to run logs, the closed-form slope and growth point, the plan search, the JSON,
 the online rule, bad input. Synthetic runs with a known law need no training; one end-to-end test
 plans from two tiny train.py runs."""
@@ -12,8 +12,15 @@ import pytest
 from conftest import assert_one_line_error, run_main
 
 from model import ModelArgs
-from tinylab.growth import plan as gp
-from tinylab.growth.operators import SLOPE_THRESHOLDS, growth_point, meta_model
+from tinylab.core.errors import UserError
+from tinylab.growth.ops.base import meta_model
+from tinylab.growth.plan.cli import split_multi_values
+from tinylab.growth.plan.fit import ALPHA_S_BOUNDS, ScalingFit, fit_runs
+from tinylab.growth.plan.law import first_step_above, law_loss, law_slope, slope_crossing
+from tinylab.growth.plan.options import PlanOptions
+from tinylab.growth.plan.runs import read_run
+from tinylab.growth.plan.search import make_plan
+from tinylab.growth.rule import SLOPE_THRESHOLDS, growth_point, should_grow
 from tinylab.schema import TRAIN
 
 TRUE = dict(N_c=8.8e13, alpha_N=0.076, S_c=2.1e3, alpha_S=0.76)  # Kaplan et al.'s constants
@@ -67,7 +74,7 @@ def three_sizes(tmp_path_factory):
 
 def true_fit():
     """The known law as a ScalingFit (every size's E from E(N))."""
-    return gp.ScalingFit(alpha_S=TRUE["alpha_S"], S_c=TRUE["S_c"], alpha_N=TRUE["alpha_N"], N_c=TRUE["N_c"], sizes=[])
+    return ScalingFit(alpha_S=TRUE["alpha_S"], S_c=TRUE["S_c"], alpha_N=TRUE["alpha_N"], N_c=TRUE["N_c"], sizes=[])
 
 
 def files_under(folder):
@@ -77,8 +84,8 @@ def files_under(folder):
 # ---------------------------------------------------------------------- the fit
 
 def test_fit_recovers_the_known_law_from_three_sizes(three_sizes):
-    runs = [gp.read_run(p) for p in three_sizes]
-    fit = gp.fit_runs(runs)
+    runs = [read_run(p) for p in three_sizes]
+    fit = fit_runs(runs)
     assert fit.alpha_S == pytest.approx(TRUE["alpha_S"], rel=0.02)
     assert fit.S_c == pytest.approx(TRUE["S_c"], rel=0.10)
     assert fit.alpha_N == pytest.approx(TRUE["alpha_N"], rel=0.03) and fit.alpha_N_source == "fit"
@@ -91,8 +98,8 @@ def test_fit_recovers_the_known_law_from_three_sizes(three_sizes):
 
 
 def test_fit_of_one_size_and_noise_free_recovery(tmp_path):
-    one = gp.read_run(write_run(tmp_path / "one", BASE, noise=0.0))
-    fit = gp.fit_runs([one])
+    one = read_run(write_run(tmp_path / "one", BASE, noise=0.0))
+    fit = fit_runs([one])
     E = true_E(non_embedding(BASE))
     assert fit.alpha_S == pytest.approx(TRUE["alpha_S"], rel=1e-5) and fit.S_c == pytest.approx(TRUE["S_c"], rel=1e-4)
     assert fit.sizes[0]["E"] == pytest.approx(E, rel=1e-6) and fit.rmse[one.path] < 1e-6
@@ -102,7 +109,7 @@ def test_fit_of_one_size_and_noise_free_recovery(tmp_path):
 
 
 def test_compute_per_evaluation_is_flops_per_token_times_tokens(three_sizes):
-    r = gp.read_run(three_sizes[0])
+    r = read_run(three_sizes[0])
     tokens = BATCH["batch_size"] * BATCH["gradient_accumulation_steps"] * BATCH["max_seq_len"]
     assert r.tokens_per_iter == tokens
     assert r.flops_per_iter == meta_model(args_of(BASE)).flops_per_token(BATCH["max_seq_len"]) * tokens
@@ -116,29 +123,29 @@ def test_closed_form_slope_equals_a_finite_difference(E):
     f = 9.6e8  # FLOPs per iteration: log C = log S + const, the slope is the same on both axes
     for S in (10.0, 300.0, 7000.0, 1e6):
         h = 1e-5
-        L = lambda s: gp.law_loss(s, E, TRUE["S_c"], TRUE["alpha_S"])  # noqa: E731
+        L = lambda s: law_loss(s, E, TRUE["S_c"], TRUE["alpha_S"])  # noqa: E731
         fd = (math.log10(L(S * (1 + h))) - math.log10(L(S * (1 - h)))) / (
             math.log10(f * S * (1 + h)) - math.log10(f * S * (1 - h)))
-        assert gp.law_slope(S, E, TRUE["S_c"], TRUE["alpha_S"]) == pytest.approx(fd, rel=1e-7, abs=1e-12)
+        assert law_slope(S, E, TRUE["S_c"], TRUE["alpha_S"]) == pytest.approx(fd, rel=1e-7, abs=1e-12)
 
 
 @pytest.mark.parametrize("op", ["weights", "layers", "optimality"])
 def test_growth_point_equals_a_brute_force_search(op):
     tau, E = SLOPE_THRESHOLDS[op], true_E(non_embedding(BASE))
     steps = np.arange(1, 200001, dtype=float)
-    L = gp.law_loss(steps, E, TRUE["S_c"], TRUE["alpha_S"])
+    L = law_loss(steps, E, TRUE["S_c"], TRUE["alpha_S"])
     # the slope between consecutive steps, on log10 L against log10 C (C = f S)
     C = steps * 9.6e8
     s = np.diff(np.log10(L)) / np.diff(np.log10(C))
     brute = int(steps[1:][np.argmax(s > tau)])
-    closed = gp.first_step_above(gp.slope_crossing(E, TRUE["S_c"], TRUE["alpha_S"], tau))
+    closed = first_step_above(slope_crossing(E, TRUE["S_c"], TRUE["alpha_S"], tau))
     assert abs(closed - brute) <= 1 and 5000 < closed < 20000
     # the smoothed rule of growth.py (window 1: raw secant slopes, each assigned to its later
     # point) finds the same point on points 10 steps apart, within one spacing and a half
     idx = growth_point(list(C[::10]), list(L[::10]), tau, window=1)
     assert abs(steps[::10][idx] - closed) <= 15
     # edge cases: a pure power law never rises; alpha below |tau| is above it from the start
-    assert gp.slope_crossing(0.0, 2.1e3, 0.76, tau) == math.inf and gp.slope_crossing(1.0, 2.1e3, 0.01, tau) == 0.0
+    assert slope_crossing(0.0, 2.1e3, 0.76, tau) == math.inf and slope_crossing(1.0, 2.1e3, 0.01, tau) == 0.0
 
 
 def brute_force_plan(seq, budget, c_mode=True):
@@ -177,8 +184,8 @@ def brute_force_plan(seq, budget, c_mode=True):
 
 @pytest.mark.parametrize("budget", [3e13, BUDGET])
 def test_recommended_plan_equals_a_brute_force_over_the_candidates(three_sizes, budget):
-    runs = [gp.read_run(p) for p in three_sizes]
-    out = gp.make_plan(runs, true_fit(), gp.PlanOptions(budget=budget, max_growths=2))
+    runs = [read_run(p) for p in three_sizes]
+    out = make_plan(runs, true_fit(), PlanOptions(budget=budget, max_growths=2))
     seqs = [s for k in range(3) for s in itertools.product(("weights", "layers"), repeat=k)]
     brute = [p for p in (brute_force_plan(s, budget) for s in seqs) if p is not None]
     best = min(brute, key=lambda p: p["final_loss"])
@@ -196,8 +203,8 @@ def test_recommended_plan_equals_a_brute_force_over_the_candidates(three_sizes, 
 
 
 def test_target_loss_mode_finds_the_cheapest_plan(three_sizes):
-    runs = [gp.read_run(p) for p in three_sizes]
-    out = gp.make_plan(runs, true_fit(), gp.PlanOptions(target_loss=4.3, max_growths=2))
+    runs = [read_run(p) for p in three_sizes]
+    out = make_plan(runs, true_fit(), PlanOptions(target_loss=4.3, max_growths=2))
     ok = [p for p in out["candidates"] if p["status"] == "ok"]
     rec = out["recommended"]
     assert rec["compute"] == min(p["compute"] for p in ok) and rec["sequence"]
@@ -227,7 +234,7 @@ def test_cli_plan_prints_a_table_and_writes_the_json(three_sizes, tmp_path):
     assert plan["constants"]["c_width"] == 1.776 and plan["constants"]["c_depth"] == 1.412
     assert plan["fit"]["alpha_S"] == pytest.approx(0.76, rel=0.02)
     # the fitted plan recommends what the known law does, growing within 2% of its iterations
-    known = gp.make_plan([gp.read_run(p) for p in three_sizes], true_fit(), gp.PlanOptions(budget=BUDGET))["recommended"]
+    known = make_plan([read_run(p) for p in three_sizes], true_fit(), PlanOptions(budget=BUDGET))["recommended"]
     rec = plan["recommended"]
     assert rec["sequence"] == known["sequence"]
     for s, t in zip(rec["stages"], known["stages"]):
@@ -259,12 +266,12 @@ def test_cli_default_output_and_one_run(tmp_path):
 def test_growth_records_end_the_fitted_curve(tmp_path):
     growth = {"iter": 10000, "kind": "growth", "doubling": "weights", "delta_loss": 0.0}
     run = write_run(tmp_path / "grown", BASE, records=[growth])
-    r = gp.read_run(run)
+    r = read_run(run)
     assert r.steps.max() < 10000 and any("grown in the run at iteration 10000" in n for n in r.notes)
     few = write_run(tmp_path / "early", BASE, records=[dict(growth, iter=350)])
-    with pytest.raises(gp.UserError, match="before its first growth"):
-        gp.read_run(few)
-    warm = gp.read_run(write_run(tmp_path / "warm", BASE, warmup_iters=1000))
+    with pytest.raises(UserError, match="before its first growth"):
+        read_run(few)
+    warm = read_run(write_run(tmp_path / "warm", BASE, warmup_iters=1000))
     assert warm.steps.min() > 1000 and any("LR warmup" in n for n in warm.notes)
 
 
@@ -312,7 +319,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
 
 
 def test_split_multi_values():
-    f = gp.split_multi_values
+    f = split_multi_values
     assert f(["--plan", "--runs", "a", "b", "--budget=1"]) == ["--plan", "--runs=a", "--runs=b", "--budget=1"]
     assert f(["--runs=a", "b"]) == ["--runs=a", "--runs=b"] and f(["--runs=a,b"]) == ["--runs=a,b"]
     assert f(["--runs", "--budget=1"]) == ["--runs", "--budget=1"]  # argparse reports the missing value
@@ -323,29 +330,29 @@ def test_split_multi_values():
 
 def test_should_grow_uses_the_planners_slope_and_threshold():
     E, f = true_E(non_embedding(BASE)), 9.6e8
-    s_pre = gp.first_step_above(gp.slope_crossing(E, TRUE["S_c"], TRUE["alpha_S"], SLOPE_THRESHOLDS["weights"]))
+    s_pre = first_step_above(slope_crossing(E, TRUE["S_c"], TRUE["alpha_S"], SLOPE_THRESHOLDS["weights"]))
     steps = np.arange(500, 20001, 250, dtype=float)
-    C, L = steps * f, gp.law_loss(steps, E, TRUE["S_c"], TRUE["alpha_S"])
+    C, L = steps * f, law_loss(steps, E, TRUE["S_c"], TRUE["alpha_S"])
     before = steps < s_pre
     for method in ("smoothed", "fit"):
-        early = gp.should_grow(C[before], L[before], "weights", method=method)
-        late = gp.should_grow(C, L, "weights", method=method)
+        early = should_grow(C[before], L[before], "weights", method=method)
+        late = should_grow(C, L, "weights", method=method)
         assert not early.fire and late.fire and early.threshold == SLOPE_THRESHOLDS["weights"]
         assert steps[late.index] >= s_pre - 250 and steps[late.index] <= s_pre + 5 * 250
     # smoothed: exactly growth.growth_point on the same points
-    assert gp.should_grow(C, L, "weights").index == growth_point(list(C), list(L), SLOPE_THRESHOLDS["weights"])
+    assert should_grow(C, L, "weights").index == growth_point(list(C), list(L), SLOPE_THRESHOLDS["weights"])
     # fit: the closed form recovers where the rule fires, in compute
-    fitted = gp.should_grow(C, L, "weights", method="fit")
+    fitted = should_grow(C, L, "weights", method="fit")
     assert fitted.fit["fires_at_compute"] == pytest.approx(s_pre * f, rel=1e-3)
-    assert fitted.slope == pytest.approx(gp.law_slope(steps[-1], E, TRUE["S_c"], TRUE["alpha_S"]), rel=1e-4)
+    assert fitted.slope == pytest.approx(law_slope(steps[-1], E, TRUE["S_c"], TRUE["alpha_S"]), rel=1e-4)
     # depth's threshold is lower, so it fires earlier
-    assert gp.should_grow(C, L, "layers", method="fit").fit["fires_at_compute"] < fitted.fit["fires_at_compute"]
+    assert should_grow(C, L, "layers", method="fit").fit["fires_at_compute"] < fitted.fit["fires_at_compute"]
     # too few points: not yet; bad points: one-line errors
-    assert not gp.should_grow(C[:3], L[:3], "weights", method="fit").fire
-    with pytest.raises(gp.UserError, match="increase"):
-        gp.should_grow([2.0, 1.0], [3.0, 2.0], "weights")
-    with pytest.raises(gp.UserError, match="operator"):
-        gp.should_grow(C, L, "heads")
+    assert not should_grow(C[:3], L[:3], "weights", method="fit").fire
+    with pytest.raises(UserError, match="increase"):
+        should_grow([2.0, 1.0], [3.0, 2.0], "weights")
+    with pytest.raises(UserError, match="operator"):
+        should_grow(C, L, "heads")
 
 
 # ---------------------------------------------------------------------- real logs
@@ -371,7 +378,7 @@ def test_plan_from_two_tiny_train_runs(tiny_corpus, tmp_path):
     fit = plan["fit"]
     small, large = (next(s for s in fit["sizes"] if d in s["runs"]) for d in dirs)
     assert large["N"] > small["N"] and 0 < large["E"] < small["E"]   # the wider model learns more
-    assert gp.ALPHA_S_BOUNDS[0] <= fit["alpha_S"] <= gp.ALPHA_S_BOUNDS[1]
+    assert ALPHA_S_BOUNDS[0] <= fit["alpha_S"] <= ALPHA_S_BOUNDS[1]
     assert all(r["rmse_log_loss"] < 0.1 and r["points"] == 15 for r in plan["runs"])  # evaluations 8, 16, ..., 120
     rec = plan["recommended"]
     stages = rec["stages"]

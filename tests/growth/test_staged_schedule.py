@@ -13,7 +13,8 @@ from conftest import assert_one_line_error, records, run_main, train_losses
 from model import ModelArgs, Transformer
 from tinylab.core.checkpoint import load_checkpoint, model_args_dict, save_checkpoint
 from tinylab.core.errors import UserError
-from tinylab.growth.operators import GrowthOptions, grow_checkpoint
+from tinylab.growth.options import GrowthOptions
+from tinylab.growth.state import grow_checkpoint
 from tinylab.schema import TRAIN
 from tinylab.training.optim import build_optimizer, lr_at, optimizer_param_names
 from tinylab.training.warmup import BatchWarmup
@@ -297,8 +298,9 @@ def test_auto_growth_follows_the_rule_and_resumes_exactly(tiny_corpus, tmp_path,
     """grow_schedule=auto grows when growth_plan.should_grow fires on the evaluations so far (the
     paper's thresholds never fire on a 20-iteration toy, so the width threshold is lowered here),
     and a run stopped at a checkpoint and resumed decides, and trains, exactly the same."""
-    from tinylab.growth import operators as growth
-    from tinylab.growth.plan import should_grow
+    from tinylab.growth import rule as growth
+    from tinylab.growth.ops.base import meta_model
+    from tinylab.growth.rule import should_grow
     monkeypatch.setitem(growth.SLOPE_THRESHOLDS, "weights", -3.0)
     common = dict(max_iters=24, eval_interval=2, eval_iters=1, grow_schedule="auto:weights", lr_decay_iters=24,
                   gradient_accumulation_steps=1)
@@ -310,7 +312,7 @@ def test_auto_growth_follows_the_rule_and_resumes_exactly(tiny_corpus, tmp_path,
     # the decision, recomputed from the logged evaluations of the small model
     evals = [r for r in records(full, "eval") if 0 < r["iter"] < g]
     cfg = TRAIN.parse(tiny_args(tiny_corpus, full, **common))
-    per_iter = growth.meta_model(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=8192,
+    per_iter = meta_model(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=8192,
                                            multiple_of=16, max_seq_len=32)).flops_per_token(32) * 4 * 32
     compute = [per_iter * r["iter"] for r in evals]
     losses = [r["loss/test"] for r in evals]
