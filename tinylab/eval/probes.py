@@ -305,12 +305,13 @@ def heads_for_config(cfg, model, ckpt=None):
     """probes=True / lenses=True: the heads a Trainer trains over `model` (frozen by attach), on
     its device, restored from the checkpoint when it has them (saved_heads); else None. A run
     resumed from this project's checkpoint (resume_train) must keep the kind of heads it trained."""
-    from tinylab.training.trainer import resumes_run
+    from tinylab.core.run_keys import StartOptions
     kind = next((k for k in HEAD_KINDS if cfg[k]), None)
     saved = [k for k in HEAD_KINDS if (ckpt or {}).get(k) is not None]
-    if resumes_run(cfg) and saved and kind is None:
+    resumes = StartOptions.from_config(cfg).resumes
+    if resumes and saved and kind is None:
         raise UserError(f"the checkpoint's run trains {saved[0]} on a frozen model: resume it with {saved[0]}=True")
-    if resumes_run(cfg) and kind is not None and saved_heads(ckpt, kind) is None:
+    if resumes and kind is not None and saved_heads(ckpt, kind) is None:
         raise UserError(f"{kind}=True with init_from=resume_train, but the checkpoint has no {kind}: start them "
                         f"with init_from=resume_model (its weights, fresh {kind})")
     if kind is None:

@@ -37,6 +37,7 @@ from tinylab.core.errors import UserError, first_line
 from tinylab.data.dataset_spec import dataset_dir
 from tinylab.data.pretokenized import BatchLoader
 from tinylab.training.optim import build_optimizer, optimizer_param_names
+from tinylab.training.options import OptimizerOptions
 
 DOUBLINGS = ("weights", "layers")
 C_WIDTH, C_DEPTH = 1.776, 1.412  # staged-training's S_pre / S_target after width / depth growth (§7)
@@ -343,7 +344,7 @@ def optimizer_state_dict(args, cfg, overrides, by_name, old):
     train.py will build them (same grouping, names, hyperparameters), the state filled by name.
     Implementation flags (fused on CUDA, foreach) are taken from the old state dict `old`, since
     the structure is built on the meta device."""
-    opt = build_optimizer(meta_model(args), cfg, overrides)
+    opt = build_optimizer(meta_model(args), OptimizerOptions.from_config(cfg), overrides)
     names = optimizer_param_names(opt)
     sd = opt.state_dict()
     flags = {k: v for k, v in old["param_groups"][0].items() if k in ("foreach", "fused", "capturable")}

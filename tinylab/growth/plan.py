@@ -201,7 +201,7 @@ def read_run(folder) -> RunCurve:
     if cfg.get("init_from") == "resume_model":
         raise UserError(f"run {folder} was fine-tuned from {cfg.get('model_dir') or 'another model'} "
                         f"(init_from=resume_model); the planner fits from-scratch curves")
-    from tinylab.training.trainer import model_args_from_config  # the shape train.py builds from this config
+    from tinylab.training.options import model_args_from_config  # the shape train.py builds from this config
     try:
         args = model_args_from_config(cfg)
         costs = Costs(cfg["max_seq_len"], tokens_per_iter(cfg))
