@@ -2315,7 +2315,8 @@ def test_optimizer_state_is_the_real_state(optimizer, beta1):
     opt.step()
     state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0)
-    est = memory_budget.optimizer_state(memory_budget.Shape.from_config({**cfg, "hidden_dim": 0}), cfg, 4).bytes
+    est = memory_budget.optimizer_state(memory_budget.Shape.from_config({**cfg, "hidden_dim": 0}),
+                                        memory_budget.TrainingLoad.from_config(cfg), 4).bytes
     assert est == state
 
 
