@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from model import ModelArgs
 from tinylab.core.config import COUNT, FRACTION, NONNEG, POSITIVE, Key
 from tinylab.core.errors import UserError
-from tinylab.core.run_keys import ACTIVATION_CHECKPOINTING, COMPILE, StartOptions, WandbOptions
+from tinylab.core.run_keys import StartOptions, WandbOptions
 from tinylab.training.optim import LR_SCHEDULES, OPTIMIZERS
 from tinylab.training.presets import OPTIMIZER_PRESETS
 
@@ -246,19 +246,16 @@ class TrainerOptions:
     grad_clip: float  # 0 = no clipping
     gradient_accumulation_steps: int  # over all processes
     max_seq_len: int  # for MFU (a sequence warmup logs its own length)
-    compile: bool
+    compile: bool  # the system keys the loop applies to the model
     activation_checkpointing: bool
     optimizer: OptimizerOptions
     wandb: WandbOptions
 
     @classmethod
     def from_config(cls, cfg) -> "TrainerOptions":
-        loop = ("eval_interval", "checkpoint_interval", "log_interval", "eval_only", "always_save_checkpoint",
-                "save_best_model", "keep_best_checkpoint", "finegrained_log_iters", "finegrained_eval_interval",
-                "max_iters", "grad_clip", "gradient_accumulation_steps", "max_seq_len")
-        return cls(start=StartOptions.from_config(cfg), **{k: cfg[k] for k in loop},
-                   compile=cfg[COMPILE.name], activation_checkpointing=cfg[ACTIVATION_CHECKPOINTING.name],
-                   optimizer=OptimizerOptions.from_config(cfg), wandb=WandbOptions.from_config(cfg))
+        nested = {"start": StartOptions, "optimizer": OptimizerOptions, "wandb": WandbOptions}
+        return cls(**{f.name: nested[f.name].from_config(cfg) if f.name in nested else cfg[f.name]
+                      for f in fields(cls)})
 
     @property
     def every_checkpoint(self) -> int:
