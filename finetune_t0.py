@@ -18,8 +18,8 @@ when they have answer_choices, by rank classification (rank_acc/<name>, tinylab/
 test groups once at the end (loss/test/<name>). Megatron-DeepSpeed's indexed datasets and
 weighted-split arguments are read as there (tinylab/t0/megatron.py).
 The loop, checkpoints, exact resume (--init_from=resume_train), DDP and logging are
-tinylab/training/trainer.py's; the keys are assembled in tinylab/schema.py (FINETUNE_T0), T0's
-own declared in tinylab/t0/options.py.
+tinylab/training/'s (setup.py, trainer.py); the keys are assembled in tinylab/schema.py
+(FINETUNE_T0), T0's own declared in tinylab/t0/options.py.
 """
 import os
 
@@ -31,9 +31,10 @@ from tinylab.t0.demo import write_demo_data
 from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
 from tinylab.t0.mixture import mixture_from_config
 from tinylab.t0.options import LossOptions, TokenizationOptions
-from tinylab.training.trainer import (
+from tinylab.training.export_hook import write_bin_beside
+from tinylab.training.options import TrainerOptions
+from tinylab.training.setup import (
     Run,
-    Trainer,
     fit_and_close,
     init_model,
     open_run_folder,
@@ -41,6 +42,7 @@ from tinylab.training.trainer import (
     start_run,
     training_state,
 )
+from tinylab.training.trainer import Trainer
 
 SCHEMA = FINETUNE_T0  # sweep.py reads a program's keys from here
 
@@ -68,7 +70,7 @@ def main(argv=None):
     cfg["tokenizer_model"] = os.path.abspath(tok.model_path)  # so resume and eval_rank find it
     if cfg["pretrain_text"]:
         cfg["pretrain_text"] = check_pretrain_text(cfg["pretrain_text"], tok, base["model_args"]["vocab_size"])
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     # memory for the base model's shape, before anything is built or created
     check_training(cfg, run, Shape.from_model_args(base["model_args"]), packed=True)
     with open_run_folder(cfg, run) as run_dir:
@@ -92,7 +94,10 @@ def main(argv=None):
                   "packing": cfg["packing"],
                   "held_out": [g["name"] for g in data.valid if g["held_out"]], "test": [g["name"] for g in data.test]}
         state = training_state(cfg, ckpt, reset_progress=cfg["reset_progress"])  # reset: model_dir's optimizer state
-        trainer = Trainer(cfg, run, model, batches, evaluator, state, best_metric="loss/valid")
+        trainer = Trainer(TrainerOptions.from_config(cfg), run, model, batches, evaluator, state, config=cfg,
+                          best_metric="loss/valid")
+        if cfg["export_bin"]:  # model.bin beside every checkpoint (llama2.c v0, for run.c)
+            trainer.save_hooks["export_bin"] = write_bin_beside
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         run_dir.write_json("data_report.json", report)
         if run.master:

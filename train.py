@@ -4,9 +4,10 @@
     torchrun --nproc_per_node=4 train.py configs/base91M.py          # DDP
     python train.py --help                                           # every config key
 
-Config keys and defaults follow the fine-tuning study's train.py (itself llama2.c's); they are
-declared, with their allowed values, in tinylab/schema.py (TRAIN). The loop is tinylab/training/trainer.py's
-(shared with finetune_t0.py); what is specific to language modelling on TinyStories datasets, the
+Config keys and defaults follow the fine-tuning study's train.py (itself llama2.c's); each component
+declares its keys, with their allowed values, and tinylab/schema.py assembles them (TRAIN). The run's
+setup is tinylab/training/setup.py's, the loop tinylab/training/trainer.py's (both shared with
+finetune_t0.py); what is specific to language modelling on TinyStories datasets, the
 evaluation losses on named datasets and the generation evaluation, is tinylab/eval/lm_eval.py's.
 probes=True / lenses=True train the original's per-layer heads on the frozen model instead
 (tinylab/eval/probes.py; docs/evaluation.md).
@@ -19,9 +20,10 @@ from tinylab.eval.lm_eval import GenerationOptions, LMEvaluator, dataset_vocab, 
 from tinylab.eval.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.growth.hook import GrowthHook
 from tinylab.schema import TRAIN
-from tinylab.training.trainer import (
+from tinylab.training.export_hook import write_bin_beside
+from tinylab.training.options import TrainerOptions
+from tinylab.training.setup import (
     Run,
-    Trainer,
     fit_and_close,
     init_model,
     open_run_folder,
@@ -29,6 +31,7 @@ from tinylab.training.trainer import (
     start_run,
     training_state,
 )
+from tinylab.training.trainer import Trainer
 from tinylab.training.warmup import BatchWarmup
 
 SCHEMA = TRAIN  # sweep.py reads a program's keys from here
@@ -47,7 +50,7 @@ def main(argv=None):
                              data.split_shards_pretrain, data.pretraining)
         for name in data.eval_dataset_names:
             check_feature_labels(data.dataset_dir(name), "test", tokenizer, f"probes=True: eval_dataset_names {name}")
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     if cfg["init_from"] == "scratch":  # (a resumed shape is the checkpoint's: init_model checks it)
         check_training(cfg, run, Shape.from_config(cfg))  # memory, before anything is built or created
     with open_run_folder(cfg, run) as run_dir:
@@ -67,10 +70,12 @@ def main(argv=None):
         else:
             batches = heads.batches(batches, tokenizer)
             evaluator = HeadsEvaluator(cfg, run, tokenizer, generation, heads)
-        trainer = Trainer(cfg, run, model, batches, evaluator, training_state(cfg, ckpt),
-                          generation_every=generation.interval_multiplier,
+        trainer = Trainer(TrainerOptions.from_config(cfg), run, model, batches, evaluator, training_state(cfg, ckpt),
+                          config=cfg, generation_every=generation.interval_multiplier,
                           batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"],
                           heads=heads)
+        if cfg["export_bin"]:  # model.bin beside every checkpoint (llama2.c v0, for run.c)
+            trainer.save_hooks["export_bin"] = write_bin_beside
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "

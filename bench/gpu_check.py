@@ -14,7 +14,7 @@ optimizer builder and model.generate directly. The rows:
   throughput     configs/base8M, base30M, base91M at T = 256 and 1024 (batch scaled so a batch
                  holds the config's batch_size x 256 tokens; one micro-step), bf16, compile on:
                  tokens/s and MFU (median of the timed iterations, as train.py logs them; MFU from
-                 trainer.PEAK_FLOPS or --peak_flops), peak torch.cuda.max_memory_allocated
+                 setup.PEAK_FLOPS or --peak_flops), peak torch.cuda.max_memory_allocated
   bf16 vs fp32   base8M shape, the same 50 steps of the same batches from the same weights in
                  dtype=float32 (TF32 matmuls on CUDA, as train.py runs it) and dtype=bfloat16;
                  loss/test after the last step within REL_TOL_BF16 (2%) of each other
@@ -86,6 +86,7 @@ from tinylab.data.tokenizer import Tokenizer  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.t0.demo import write_demo_data  # noqa: E402
 from tinylab.training.optim import build_optimizer  # noqa: E402
+from tinylab.training.options import OptimizerOptions  # noqa: E402
 
 CONFIGS = ("base8M", "base30M", "base91M")
 TOTAL_LIMIT_S = 480  # the "under 8 minutes on one CUDA GPU"
@@ -328,7 +329,7 @@ def fused_adamw(c: Checker):
     shape = {**config_args(config_shape("base8M")), **c.plan["shape"]}
     torch.manual_seed(0)
     model = Transformer(ModelArgs(**shape, vocab_size=8192, max_seq_len=64)).to(c.device)
-    opt = build_optimizer(model, {**TRAIN.defaults(), "learning_rate": 1e-3})  # the trainer's optimizer
+    opt = build_optimizer(model, OptimizerOptions.from_config({**TRAIN.defaults(), "learning_rate": 1e-3}))  # the trainer's
     x, y = random_batch(8192, 2, 64, c.device)
     model(x, y, return_logits=False)
     model.last_loss.backward()

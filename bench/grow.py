@@ -27,12 +27,13 @@ from tinylab.growth.options import GrowthOptions  # noqa: E402
 from tinylab.growth.state import grow_checkpoint  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.training.optim import build_optimizer, optimizer_param_names  # noqa: E402
+from tinylab.training.options import OptimizerOptions  # noqa: E402
 
 
 def training_state(model):
     """A checkpoint dict with AdamW moments of the right shapes and a step count of 1000."""
     cfg = {**TRAIN.defaults(), "learning_rate": 5e-4, "weight_decay": 0.1, "optimizer": "adamw"}
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, OptimizerOptions.from_config(cfg))
     for p in model.parameters():
         opt.state[p] = {"step": torch.tensor(1000.0), "exp_avg": torch.randn_like(p) * 1e-3,
                         "exp_avg_sq": torch.rand_like(p) * 1e-6}

@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import ModelArgs, Transformer  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.training import optim  # noqa: E402
-from tinylab.training.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.training.options import OptimizerOptions  # noqa: E402
+from tinylab.training.presets import apply_optimizer_preset  # noqa: E402
 
 
 def state_bytes(opt):
@@ -81,7 +82,7 @@ def main():
         n_params = sum(p.numel() for p in model.parameters())
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3
-        opt = optim.build_optimizer(model, cfg)
+        opt = optim.build_optimizer(model, OptimizerOptions.from_config(cfg))
         for g in opt.param_groups:
             g.update(group_extra)
         ms = time_steps(opt, args.device, args.steps, args.warmup)

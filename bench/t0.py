@@ -53,7 +53,8 @@ from tinylab.t0.mixture import load_mixture  # noqa: E402
 from tinylab.t0.packing import PackedStream, rows_to_arrays  # noqa: E402
 from tinylab.t0.sources import read_records  # noqa: E402
 from tinylab.training import optim  # noqa: E402
-from tinylab.training.optim import apply_optimizer_preset  # noqa: E402
+from tinylab.training.options import OptimizerOptions  # noqa: E402
+from tinylab.training.presets import apply_optimizer_preset  # noqa: E402
 
 
 def load_examples(args, row_len):
@@ -174,7 +175,8 @@ def attention_table(args, tok, lengths, weights, examples, margs_for, autocast):
             torch.manual_seed(0)
             model = Transformer(margs_for(T)).to(dev)
             model.attention_impl = impl
-            opt = optim.build_optimizer(model, {**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0})
+            opt = optim.build_optimizer(model, OptimizerOptions.from_config(
+                {**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0}))
             trains.append(impl != "flex" or dev.startswith("cuda"))  # torch has no flex backward elsewhere
             setups.append((model, opt, make))
         # batch making (the dense mask of the loader) counts in both times and memories
@@ -278,7 +280,7 @@ def main():
         model = Transformer(margs).to(args.device)
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3
-        opt = optim.build_optimizer(model, cfg)
+        opt = optim.build_optimizer(model, OptimizerOptions.from_config(cfg))
         step_ms = time_steps(opt, args.device, args.steps, args.warmup)
         print(f"  {name:24s} {step_ms:9.2f} ms/step  state {state_bytes(opt) / 2**20:8.2f} MiB")
 
@@ -302,7 +304,8 @@ def plain_vs_packed(args, tok, lengths, weights, examples, margs, autocast):
     setups = []
     for make in (plain, lambda: next(packed)):
         model = Transformer(margs).to(args.device)
-        setups.append((model, optim.build_optimizer(model, {**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0}), make))
+        adamw = OptimizerOptions.from_config({**FINETUNE_T0.defaults(), "learning_rate": 1e-4, "weight_decay": 0.0})
+        setups.append((model, optim.build_optimizer(model, adamw), make))
     with autocast:
         ms = compare_train_steps(setups, args.steps, args.warmup, args.device)
     for name, t in zip(names, ms):

@@ -44,7 +44,9 @@ sys.path.insert(0, REPO)
 from bench.measure import run_timed  # noqa: E402
 from tinylab.eval.lm_eval import dataset_vocab  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
-from tinylab.training.trainer import Run, Trainer, init_model, seed_everything  # noqa: E402
+from tinylab.training.options import TrainerOptions  # noqa: E402
+from tinylab.training.setup import Run, init_model, seed_everything  # noqa: E402
+from tinylab.training.trainer import Trainer  # noqa: E402
 
 
 class RandomBatches:
@@ -88,13 +90,14 @@ class ProfileOneStep:
 
 
 def bench_ours(cfg, iters, warmup, profile=None):
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     seed_everything(cfg["seed"])
     model, _ = init_model(cfg, run)
     with tempfile.TemporaryDirectory() as out:
         cfg = dict(cfg, out_dir=out, max_iters=warmup + iters, eval_interval=10**9, checkpoint_interval=10**9,
                    log_interval=1, init_from="scratch", wandb_log=False)
-        trainer = Trainer(cfg, run, model, RandomBatches(cfg, run.device), evaluate=lambda *a: {})
+        trainer = Trainer(TrainerOptions.from_config(cfg), run, model, RandomBatches(cfg, run.device),
+                          evaluate=lambda *a: {}, config=cfg)
         trainer.save = lambda *a, **k: None  # time training only
         if profile is not None:
             trainer.step_hooks["profile"] = profile

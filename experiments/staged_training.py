@@ -87,6 +87,7 @@ from tinylab.growth.ops.width import WIDTH  # noqa: E402
 from tinylab.growth.rule import growth_point, loss_slopes  # noqa: E402
 from tinylab.schema import TRAIN  # noqa: E402
 from tinylab.training.optim import lr_at  # noqa: E402
+from tinylab.training.options import ScheduleOptions  # noqa: E402
 
 VOCAB = 512
 TARGET = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=384)
@@ -324,8 +325,8 @@ def grown_run(name, small, a, cfg, seed_dir, target, tokens):
     pts = curve([(small["dir"], 0, small["shape"]), (d, g, TARGET)], cfg)
     if pts[-1][0] != end:
         raise UserError(f"{name}: the grown run ended at iteration {pts[-1][0]}, not {end}")
-    full_cfg = {**TRAIN.defaults(), **run_cfg}
-    lrs = [lr_at(i, full_cfg, rewarmup) for i in range(g, end)]
+    schedule = ScheduleOptions.from_config({**TRAIN.defaults(), **run_cfg})
+    lrs = [lr_at(i, schedule, rewarmup) for i in range(g, end)]
     c_target, l_target = target["flops"], target["final_loss"]
     reach = flops_to_reach(pts, l_target)
     before, after = eval_loss(small["dir"], g), eval_loss(d, g)
@@ -487,7 +488,8 @@ def plot(seeds, prefix):
             s = seeds[first]
             ax2, ax3 = axes[1], axes[2]
             full = {**TRAIN.defaults(), **s["config"], **TARGET}
-            ax2.plot(range(full["max_iters"] + 1), [lr_at(i, full) for i in range(full["max_iters"] + 1)],
+            schedule = ScheduleOptions.from_config(full)
+            ax2.plot(range(full["max_iters"] + 1), [lr_at(i, schedule) for i in range(full["max_iters"] + 1)],
                      color="black", lw=1.2, label="target")
             for j, n in enumerate(present):
                 r = s["variants"].get(n)

@@ -48,7 +48,9 @@ from tinylab.core import memory_budget
 from tinylab.core.config import Schema
 from tinylab.core.errors import cli_main
 from tinylab.schema import FINETUNE_T0, TRAIN
-from tinylab.training.trainer import Run, Trainer, init_model, training_state
+from tinylab.training.options import OptimizerOptions, TrainerOptions
+from tinylab.training.setup import Run, init_model, training_state
+from tinylab.training.trainer import Trainer
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -1413,9 +1415,10 @@ def test_finetune_t0_reset_progress_on_a_train_py_checkpoint(runs, tmp_path):
             "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--rank_eval_examples=2", "--device=cpu",
             "--dtype=float32", "--lr_scheduling=False"]
     cfg = FINETUNE_T0.parse([*argv, "--reset-progress"])
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     model, ckpt = init_model(cfg, run)
-    trainer = Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt, reset_progress=True))
+    trainer = Trainer(TrainerOptions.from_config(cfg), run, model, iter([]), lambda *a: {},
+                      training_state(cfg, ckpt, reset_progress=True), config=cfg)
     now = trainer.optimizer.state_dict()
     restored = {n: now["state"][i] for g in now["param_groups"] for i, n in zip(g["params"], g["param_names"])}
     for name, st in state_by_name(saved).items():
@@ -1470,9 +1473,10 @@ def test_first_step_after_resume_uses_the_new_weight_decay(runs, tiny_corpus, tm
     lr = 1e-2  # large enough that decay 0.5 vs 0 changes the step far beyond fp32 rounding
     cfg = TRAIN.parse(train_argv(tiny_corpus, out, **SHAPE, init_from="resume_train", weight_decay=new,
                                  learning_rate=lr))
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     model, ckpt = init_model(cfg, run)
-    trainer = Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt))
+    trainer = Trainer(TrainerOptions.from_config(cfg), run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt),
+                      config=cfg)
     torch.manual_seed(1)
     x = torch.randint(0, 8192, (2, 16))
     trainer.model(x, x.roll(-1, dims=1), return_logits=False)
@@ -2295,13 +2299,14 @@ def test_optimizer_state_is_the_real_state(optimizer, beta1):
     args = SHAPES[1]
     cfg = {**TRAIN.defaults(), **args, "optimizer": optimizer, "adafactor_beta1": beta1, "adafactor_relative_step": False}
     model = Transformer(ModelArgs(**args))
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, OptimizerOptions.from_config(cfg))
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()
     state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0)
-    est = memory_budget.optimizer_state(memory_budget.Shape.from_config({**cfg, "hidden_dim": 0}), cfg, 4).bytes
+    est = memory_budget.optimizer_state(memory_budget.Shape.from_config({**cfg, "hidden_dim": 0}),
+                                        memory_budget.TrainingLoad.from_config(cfg), 4).bytes
     assert est == state
 
 
@@ -2311,6 +2316,7 @@ sys.path.insert(0, sys.argv[1])
 from model import ModelArgs, Transformer
 from tinylab.core import memory_budget
 from tinylab.training.optim import build_optimizer
+from tinylab.training.options import OptimizerOptions
 from tinylab.schema import TRAIN
 torch.set_num_threads(1)
 B = int(sys.argv[2])
@@ -2318,7 +2324,7 @@ shape = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, multi
 cfg = TRAIN.parse([f"--{k}={v}" for k, v in shape.items()] + [f"--batch_size={B}", "--max_seq_len=256"])
 def steps(x, n):
     model = Transformer(ModelArgs(**shape, max_seq_len=256))
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, OptimizerOptions.from_config(cfg))
     for _ in range(n):  # the second step with the optimizer's state
         model(x[:, :-1], x[:, 1:], return_logits=False)
         model.last_loss.backward()

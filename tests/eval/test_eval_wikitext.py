@@ -413,6 +413,7 @@ def test_original_train_runs_our_loop_and_logs_validation(tmp_path):
     from conftest import records
 
     from tinylab.training.optim import lr_at
+    from tinylab.training.options import ScheduleOptions
     run = tmp_path / "run"
     train(tmp_path, run, "--train-steps", "12", "--warmup-steps", "3", steps=12)
     info = json.loads((run / "staged_training.json").read_text())
@@ -421,7 +422,7 @@ def test_original_train_runs_our_loop_and_logs_validation(tmp_path):
     n = info["non_embedding_params"]
     assert cfg["learning_rate"] == pytest.approx(0.003239 - 0.0001395 * math.log(n))
     from model import Transformer
-    from tinylab.training.trainer import model_args_from_config
+    from tinylab.training.options import model_args_from_config
     assert Transformer(model_args_from_config(cfg)).num_params(non_embedding=True) == n
     assert (cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["max_seq_len"], cfg["gradient_accumulation_steps"],
             cfg["weight_decay"], cfg["grad_clip"], cfg["adam_eps"]) == (32, 2, 4, 16, 2, 0.0, 0.0, 1e-6)
@@ -430,7 +431,7 @@ def test_original_train_runs_our_loop_and_logs_validation(tmp_path):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg["learning_rate"])
     sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=12)
     for it in range(12):
-        assert lr_at(it, cfg) == pytest.approx(opt.param_groups[0]["lr"], abs=1e-15)
+        assert lr_at(it, ScheduleOptions.from_config(cfg)) == pytest.approx(opt.param_groups[0]["lr"], abs=1e-15)
         opt.step()
         sched.step()
     evals = records(str(run), "eval")

@@ -32,6 +32,7 @@ from tinylab.training.optim import (
     optimizer_param_names,
     set_lr,
 )
+from tinylab.training.options import OptimizerOptions, ScheduleOptions
 
 VOCAB, T = 61, 16
 CFG = dict(TRAIN.defaults(), learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-6,
@@ -65,7 +66,7 @@ def load(ckpt, dtype=torch.float64, cfg=CFG):
     """(model, optimizer) of a (grown) checkpoint dict, as Trainer.install builds them."""
     m = Transformer(ModelArgs.from_dict(ckpt["model_args"])).to(dtype)
     load_weights(m, ckpt["model"])
-    opt = build_optimizer(m, cfg, ckpt.get("param_overrides"))
+    opt = build_optimizer(m, OptimizerOptions.from_config(cfg), ckpt.get("param_overrides"))
     if ckpt.get("optimizer") is not None:
         assert optimizer_param_names(opt) == ckpt["param_names"]
         opt.load_state_dict(ckpt["optimizer"])
@@ -83,7 +84,7 @@ def train_steps(m, opt, data, start=0, overrides=None, rewarmup=None, cfg=CFG, c
     `clipped` whether clipping acted)."""
     out = []
     for k, (x, y) in enumerate(data):
-        set_lr(opt, lr_at(start + k, cfg, rewarmup))
+        set_lr(opt, lr_at(start + k, ScheduleOptions.from_config(cfg), rewarmup))
         m(x, y)
         out.append(m.last_loss.item())
         m.last_loss.backward()
@@ -244,7 +245,7 @@ def test_depth_new_layers_get_gradient_and_zero_gain_is_a_dead_saddle():
 
 def trained_small(kv=2, tie=True, steps=3, cfg=CFG):
     small = tiny(kv, tie)
-    opt = build_optimizer(small, cfg)
+    opt = build_optimizer(small, OptimizerOptions.from_config(cfg))
     train_steps(small, opt, batches(steps, seed=7), cfg=cfg)
     return small, opt
 
@@ -345,13 +346,14 @@ def test_target_schedule_position_and_rewarmup():
 
     # §6.3: iteration 40 is position S_target = 20; lr(s) = (s - 20)/5 * lr_target(25) for s in
     # [20, 25): 0 at S_target, rising linearly to the fixed value lr_target(20 + R_w)
-    assert lr_at(40, CFG, rw) == 0.0
+    sched = ScheduleOptions.from_config(CFG)
+    assert lr_at(40, sched, rw) == 0.0
     for k in range(1, 5):
-        assert lr_at(40 + k, CFG, rw) == pytest.approx(k / 5 * target(25), rel=1e-12)
-    assert lr_at(45, CFG, rw) == pytest.approx(target(25), rel=1e-12)  # continuous at S_target + R_w
-    assert lr_at(46, CFG, rw) == pytest.approx(target(26), rel=1e-12) and lr_at(79, CFG, rw) == pytest.approx(target(59), rel=1e-12)
+        assert lr_at(40 + k, sched, rw) == pytest.approx(k / 5 * target(25), rel=1e-12)
+    assert lr_at(45, sched, rw) == pytest.approx(target(25), rel=1e-12)  # continuous at S_target + R_w
+    assert lr_at(46, sched, rw) == pytest.approx(target(26), rel=1e-12) and lr_at(79, sched, rw) == pytest.approx(target(59), rel=1e-12)
     d = grown(g, "layers", c_depth=1.25, rewarmup_iters=0)  # position 20 -> 16: shifts add up
-    assert d["lr_rewarmup"] == {"start": 40, "iters": 0, "shift": 24} and lr_at(41, CFG, d["lr_rewarmup"]) == lr_at(17, CFG)
+    assert d["lr_rewarmup"] == {"start": 40, "iters": 0, "shift": 24} and lr_at(41, sched, d["lr_rewarmup"]) == lr_at(17, sched)
 
 
 # ---------------------------------------------------------------------- through train.py and the CLI
@@ -435,9 +437,10 @@ def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     rows = train_losses(wide)
     assert sorted(rows) == list(range(8, 16))  # position 8 -> 4: the run lasts 4 more iterations
     lrs = {r["iter"]: r["lr"] for r in records(wide, "train")}
-    cfg = {**TRAIN.defaults(), **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12, lr_decay_iters=24)}
+    sched = ScheduleOptions.from_config({**TRAIN.defaults(), **dict(learning_rate=3e-3, warmup_iters=4, max_iters=12,
+                                                                    lr_decay_iters=24)})
     # §6.3 with S_target = 4, R_w = 2: 0 at the first step after growth, then half of lr_target(6)
-    assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, cfg) / 2) and lrs[10] == pytest.approx(lr_at(6, cfg))
+    assert lrs[8] == 0.0 and lrs[9] == pytest.approx(lr_at(6, sched) / 2) and lrs[10] == pytest.approx(lr_at(6, sched))
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
     proc = run_main("sample.py", [f"--checkpoint={wide}", "--max_new_tokens=5", "--device=cpu"])
     assert proc.returncode == 0 and "---" in proc.stdout, proc.stderr[-2000:]

@@ -17,6 +17,7 @@ from tinylab.growth.options import GrowthOptions
 from tinylab.growth.state import grow_checkpoint
 from tinylab.schema import TRAIN
 from tinylab.training.optim import build_optimizer, lr_at, optimizer_param_names
+from tinylab.training.options import OptimizerOptions, ScheduleOptions
 from tinylab.training.warmup import BatchWarmup
 
 VOCAB, T = 61, 16
@@ -29,7 +30,7 @@ def small_state(iter_num=30, **cfg_over):
                               max_seq_len=T))
     cfg = {**TRAIN.defaults(), "learning_rate": 1e-3, "warmup_iters": 10, "max_iters": 100, "lr_schedule": "linear",
            "vocab_size": VOCAB, "dataset_name": "none-here", "data_cache_dir": "/nonexistent", **cfg_over}
-    opt = build_optimizer(m, cfg)
+    opt = build_optimizer(m, OptimizerOptions.from_config(cfg))
     for _ in range(3):
         x = torch.randint(0, VOCAB, (2, T))
         m(x, x)
@@ -58,15 +59,16 @@ def original_restart_lambda(step, warmup, total, restart_steps, restart_warmup):
 def test_linear_and_constant_schedules_equal_transformers():
     from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
     for kind, make in (("linear", get_linear_schedule_with_warmup), ("constant", get_constant_schedule_with_warmup)):
-        cfg = {**TRAIN.defaults(), "learning_rate": 3e-3, "warmup_iters": 7, "max_iters": 40, "lr_schedule": kind}
+        cfg = ScheduleOptions.from_config({**TRAIN.defaults(), "learning_rate": 3e-3, "warmup_iters": 7, "max_iters": 40,
+                                           "lr_schedule": kind})
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-3)
         sched = make(opt, 7, 40) if kind == "linear" else make(opt, 7)
         for it in range(45):
             assert lr_at(it, cfg) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12, abs=1e-15), (kind, it)
             opt.step()
             sched.step()
-    cfg = {**TRAIN.defaults(), "learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 0, "max_iters": 10,
-           "lr_schedule": "linear"}
+    cfg = ScheduleOptions.from_config({**TRAIN.defaults(), "learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 0,
+                                       "max_iters": 10, "lr_schedule": "linear"})
     assert lr_at(0, cfg) == 1e-3 and lr_at(5, cfg) == pytest.approx(5.5e-4) and lr_at(10, cfg) == pytest.approx(1e-4)
     assert lr_at(99, cfg) == pytest.approx(1e-4)
 
@@ -79,7 +81,8 @@ def test_restart_schedule_is_the_originals_formula():
         ckpt = small_state(iter_num=30)
         grown = grow_checkpoint(ckpt, GrowthOptions("weights", restart_steps=s, restart_warmup_steps=r),
                                 ckpt["config"])
-        resumed = {**ckpt["config"], "learning_rate": 2e-3}  # the target model's config says another LR
+        # the target model's config says another LR
+        resumed = ScheduleOptions.from_config({**ckpt["config"], "learning_rate": 2e-3})
         for k in range(70):
             it = grown["iter_num"] + k
             want = 1e-3 * original_restart_lambda(s + 1 + k, 10, 100, s, r)
@@ -250,7 +253,7 @@ def test_critical_batch_size_against_separate_gradients(tiny_corpus, tmp_path):
     from tinylab.data.pretokenized import BatchLoader, dataset_dir
     cfg = TRAIN.parse(argv)
     torch.manual_seed(cfg["seed"])
-    from tinylab.training.trainer import model_args_from_config
+    from tinylab.training.options import model_args_from_config
     model = Transformer(model_args_from_config(cfg))
     batches = BatchLoader(dataset_dir(cfg["data_cache_dir"], cfg["vocab_size"], cfg["dataset_name"]), "train", 4, 32,
                           seed=cfg["seed"], bos_id=1)

@@ -23,7 +23,9 @@ from tinylab.core.errors import UserError
 from tinylab.data import tokenizer as tok_lib
 from tinylab.interop.llama2c import export_tokenizer, read_bin
 from tinylab.schema import TRAIN
-from tinylab.training.trainer import Run, Trainer
+from tinylab.training.options import TrainerOptions
+from tinylab.training.setup import Run
+from tinylab.training.trainer import Trainer
 
 SHIPPED_BIN = os.path.join(REPO, "tokenizers", "tokenizer.bin")
 
@@ -200,7 +202,8 @@ def test_original_optimizer_state_is_restored_parameter_by_parameter(tmp_path):
                        *[f"--{k}={v}" for k, v in ARGS.items()]])
     from tinylab.core.checkpoint import load_checkpoint, model_from_checkpoint
     loaded = load_checkpoint(path)
-    trainer = Trainer(cfg, Run(cfg), model_from_checkpoint(loaded), None, None, loaded)
+    trainer = Trainer(TrainerOptions.from_config(cfg), Run.from_config(cfg), model_from_checkpoint(loaded), None, None,
+                      loaded, config=cfg)
     assert trainer.iter_num == 1000 and trainer.best_val_loss == 2.5
     params = dict(trainer.raw_model.named_parameters())
     assert set(params) == set(moments)

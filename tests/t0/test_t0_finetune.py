@@ -17,7 +17,7 @@ from tinylab.schema import FINETUNE_T0, prepare_t0
 from tinylab.t0.encode import ExampleEncoder
 from tinylab.t0.finetune import T0Data, T0Evaluator
 from tinylab.t0.mixture import load_mixture
-from tinylab.training.trainer import Run
+from tinylab.training.setup import Run
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_validation_rows_are_fixed_and_groups_separate(setup):
     enc = ExampleEncoder(Tokenizer(TOK8192))
     data = T0Data(*load_mixture(mixture), enc, 129, log=lambda *a: None)
     model = ckpt_lib.model_from_checkpoint(ckpt_lib.load_checkpoint(base)).eval()
-    ev = T0Evaluator(cfg, Run(cfg), data, enc, data.stream(cfg))
+    ev = T0Evaluator(cfg, Run.from_config(cfg), data, enc, data.stream(cfg))
     assert ev.groups[0]["members"][0]["arrays"][0].shape == (4, 129)  # eval_iters * batch_size rows
     with torch.no_grad():
         a, b = ev(model, 0, False), ev(model, 1, False)
@@ -91,7 +91,9 @@ def test_reset_progress_keeps_the_optimizer_and_restarts_the_schedule(setup, tmp
     resume_model starts with none) at iteration 0; the run's LRs are the fresh schedule's from 0
     and AdamW's step counts continue from the checkpoint's."""
     from tinylab.training.optim import lr_at
-    from tinylab.training.trainer import Trainer, init_model, training_state
+    from tinylab.training.options import ScheduleOptions, TrainerOptions
+    from tinylab.training.setup import init_model, training_state
+    from tinylab.training.trainer import Trainer
     mixture, base = setup
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
     common = dict(rank_eval_examples=0, eval_interval=100, lr_scheduling=True, warmup_iters=2, lr_decay_iters=6,
@@ -102,20 +104,23 @@ def test_reset_progress_keeps_the_optimizer_and_restarts_the_schedule(setup, tmp
 
     cfg = FINETUNE_T0.parse(t0_args(mixture, first, str(tmp_path / "unused"), reset_progress=True, max_iters=4,
                                     **common))
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     model, ckpt = init_model(cfg, run)
-    trainer = Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt, reset_progress=True))
+    options = TrainerOptions.from_config(cfg)
+    trainer = Trainer(options, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt, reset_progress=True),
+                      config=cfg)
     state = trainer.optimizer.state_dict()["state"]
     assert state.keys() == saved["optimizer"]["state"].keys()
     for k, st in saved["optimizer"]["state"].items():
         assert st.keys() == state[k].keys() and all(torch.equal(v, state[k][n]) for n, v in st.items()), k
     assert (trainer.iter_num, trainer.tokens_seen, trainer.best_val_loss, trainer.lr_rewarmup) == (0, 0, 1e9, None)
-    assert not Trainer(cfg, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt)).optimizer.state_dict()["state"]
+    fresh = Trainer(options, run, model, iter([]), lambda *a: {}, training_state(cfg, ckpt), config=cfg)
+    assert not fresh.optimizer.state_dict()["state"]
 
     finetune_t0.main(t0_args(mixture, first, second, reset_progress=True, max_iters=4, **common))
     train = [r for r in read_metrics(second) if r["kind"] == "train"]
     assert [r["iter"] for r in train] == [0, 1, 2, 3]
-    assert [r["lr"] for r in train] == [lr_at(it, cfg) for it in range(4)]  # the schedule from its start
+    assert [r["lr"] for r in train] == [lr_at(it, ScheduleOptions.from_config(cfg)) for it in range(4)]  # from its start
     assert train[0]["lr"] == pytest.approx(3e-3 / 3)  # warmup step 1 of 2 again (the first run's was at 3)
     after = torch.load(os.path.join(second, "ckpt.pt"), weights_only=True)
     assert after["iter_num"] == 4 and after["loader"]["stream"]["rows"] == 4 * 8  # the data from its start too
@@ -124,7 +129,7 @@ def test_reset_progress_keeps_the_optimizer_and_restarts_the_schedule(setup, tmp
     # the rules: resume_model only; a checkpoint without optimizer state or of another optimizer
     with pytest.raises(UserError, match="reset_progress=True .* needs init_from=resume_model"):
         FINETUNE_T0.parse(t0_args(mixture, first, second, reset_progress=True, init_from="resume_train"))
-    from tinylab.training.trainer import progress_reset
+    from tinylab.training.setup import progress_reset
     no_optimizer = FINETUNE_T0.parse(t0_args(mixture, base, second, reset_progress=True))
     with pytest.raises(UserError, match="which has none"):
         progress_reset(no_optimizer, ckpt_lib.load_checkpoint(os.path.join(base, "ckpt.pt")))

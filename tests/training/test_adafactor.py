@@ -15,12 +15,8 @@ from tinylab.core.errors import UserError
 from tinylab.schema import TRAIN
 from tinylab.training import optim
 from tinylab.training.adafactor import Adafactor
-from tinylab.training.optim import (
-    ADAFACTOR_PRESETS,
-    OPTIMIZER_PRESETS,
-    adafactor_from_config,
-    apply_optimizer_preset,
-)
+from tinylab.training.options import OptimizerOptions, ScheduleOptions
+from tinylab.training.presets import ADAFACTOR_PRESETS, OPTIMIZER_PRESETS, apply_optimizer_preset
 
 SHAPES = [(7,), (5, 6), (2, 3, 4), (4, 5)]  # the last one is stored as a bf16 parameter
 DTYPES = [torch.float32, torch.float32, torch.float32, torch.bfloat16]
@@ -300,7 +296,7 @@ def test_invalid_group_settings():
     opt.step()
     assert torch.all(p < 0)
     with pytest.raises(UserError, match="per-parameter eps overrides"):
-        adafactor_from_config(tiny_model(), {**TRAIN.defaults(), "optimizer": "adafactor", "learning_rate": 1e-3},
+        optim.build_adafactor(tiny_model(), opts({**TRAIN.defaults(), "optimizer": "adafactor", "learning_rate": 1e-3}),
                               overrides={"tok_embeddings.weight": {"eps": 1e-9}})
 
 
@@ -354,12 +350,21 @@ def test_presets_have_the_documented_settings():
 DEFAULTS = {**TRAIN.defaults(), "max_iters": 100}
 
 
+def opts(cfg):
+    """The optimizer options a config gives (what the Trainer builds its optimizer from)."""
+    return OptimizerOptions.from_config(cfg)
+
+
+def lr_at(it, cfg):
+    return optim.lr_at(it, ScheduleOptions.from_config(cfg))
+
+
 def test_apply_optimizer_preset(capsys):
     assert apply_optimizer_preset(DEFAULTS) == DEFAULTS
     cfg = apply_optimizer_preset({**DEFAULTS, "adafactor_preset": "t0"})
     assert {k: cfg[k] for k in ADAFACTOR_PRESETS["t0"]} == ADAFACTOR_PRESETS["t0"]
-    assert all(optim.lr_at(it, cfg) == 1e-3 for it in (0, 50, 500))  # constant, no warmup
-    opt = optim.build_optimizer(tiny_model(), cfg)
+    assert all(lr_at(it, cfg) == 1e-3 for it in (0, 50, 500))  # constant, no warmup
+    opt = optim.build_optimizer(tiny_model(), opts(cfg))
     assert isinstance(opt, Adafactor)
     g = opt.param_groups[0]
     assert g["lr"] == 1e-3 and g["scale_parameter"] and not g["relative_step"] and g["beta1"] is None
@@ -368,14 +373,14 @@ def test_apply_optimizer_preset(capsys):
     t5 = apply_optimizer_preset({**DEFAULTS, "adafactor_preset": "hf_t5", "warmup_iters": 10})
     err = capsys.readouterr().err
     assert "absolute steps" in err and len(err.strip().splitlines()) == 1  # one notice line
-    lrs = [optim.lr_at(it, t5) for it in (0, 5, 10, 50, 100, 200)]
+    lrs = [lr_at(it, t5) for it in (0, 5, 10, 50, 100, 200)]
     assert lrs[0] < lrs[1] < lrs[2] and lrs[2:] == [1e-3] * 4  # warmup to a constant 1e-3
-    assert not optim.build_optimizer(tiny_model(), t5).param_groups[0]["scale_parameter"]
+    assert not optim.build_optimizer(tiny_model(), opts(t5)).param_groups[0]["scale_parameter"]
 
     bz = apply_optimizer_preset({**DEFAULTS, "adafactor_preset": "bloomz_adam"})
-    opt = optim.build_optimizer(tiny_model(), bz)
+    opt = optim.build_optimizer(tiny_model(), opts(bz))
     assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["betas"] == (0.9, 0.95)
-    assert bz["grad_clip"] == 1.0 and optim.lr_at(0, bz) == optim.lr_at(90, bz) == 2e-5
+    assert bz["grad_clip"] == 1.0 and lr_at(0, bz) == lr_at(90, bz) == 2e-5
 
     # with the defaults, values the user changed are kept; a conflicting optimizer is refused
     user = {**DEFAULTS, "adafactor_preset": "t0", "learning_rate": 3e-4}
@@ -405,7 +410,7 @@ def test_eps_keys_feed_adafactor_one_step_by_hand():
 
     def one_step(cfg):
         model = Two()
-        opt = adafactor_from_config(model, cfg)
+        opt = optim.build_adafactor(model, opts(cfg))
         model.v.grad = torch.tensor([0.1, -0.05, 0.0], dtype=torch.float64)
         model.m.grad = torch.tensor([[0.2, 0.0], [0.0, -0.1]], dtype=torch.float64)
         opt.step()
@@ -443,7 +448,7 @@ def test_build_optimizer_on_tiny_transformer():
     model = tiny_model()
     overrides = {"layers.0.attention.wq.weight": {"lr_scale": 0.5}}
     cfg = {**TRAIN.defaults(), "optimizer": "adafactor", "learning_rate": 2e-3, "weight_decay": 0.1}
-    opt = optim.build_optimizer(model, cfg, overrides)
+    opt = optim.build_optimizer(model, opts(cfg), overrides)
     assert isinstance(opt, Adafactor)
     names = optim.optimizer_param_names(opt)
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
@@ -486,7 +491,7 @@ def test_build_optimizer_on_tiny_transformer():
     assert summary["adafactor_alpha/tok_embeddings.weight"] == alphas["tok_embeddings.weight"]
     assert {"adafactor_alpha/layers.0.attention.wq.weight", "adafactor_alpha/norm.weight"} <= set(summary)
 
-    rel = optim.build_optimizer(tiny_model(), {**cfg, "adafactor_relative_step": True,
-                                               "adafactor_warmup_init": True, "adafactor_beta1": 0.9})
+    rel = optim.build_optimizer(tiny_model(), opts({**cfg, "adafactor_relative_step": True,
+                                                    "adafactor_warmup_init": True, "adafactor_beta1": 0.9}))
     assert all(gr["lr"] is None and gr["relative_step"] and gr["warmup_init"] and gr["beta1"] == 0.9
                for gr in rel.param_groups)

@@ -2,8 +2,9 @@
 
 A `Key` is one setting: its default (which gives its type), a one-line help, and what values it
 allows (`choices`, or a `range` written as an interval, "[1, inf)", "[0, 1)"). A `Schema` is the
-keys of one program, in sections, plus its cross-key rules. The declarations themselves live in
-schema.py; this module is the machinery both kinds of command line use:
+keys of one program, in sections, plus its cross-key rules. Each component declares its keys next
+to its code; tinylab/schema.py assembles every program's Schema from them. This module is the
+machinery both kinds of command line use:
 
   - the drivers (train.py, finetune_t0.py), nanoGPT's configurator:
         python train.py configs/a.py configs/b.py --key=value --other=1e-4
@@ -35,6 +36,8 @@ from tinylab.core.errors import UserError
 from tinylab.core.outputs import KINDS, declared_inputs, force_of, guard_outputs, guard_parsed, tagged_actions
 
 TYPES = (bool, int, float, str, list, dict)
+# the usual ranges of numeric keys
+COUNT, NONNEG, POSITIVE, FRACTION = "[1, inf)", "[0, inf)", "(0, inf)", "[0, 1)"
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|-?[0-9.e+-]+)\s*,\s*(-?inf|-?[0-9.e+-]+)\s*([\])])$")
 
 

@@ -248,11 +248,41 @@ def _bytes(dtype: str):
     return 4, (2 if dtype in ("bfloat16", "float16") else 4)
 
 
-def optimizer_state(shape: Shape, cfg, pb, shard=1) -> Term:
+@dataclass(frozen=True)
+class TrainingLoad:
+    """What a training run holds besides its model: the keys of train.py / finetune_t0.py the
+    estimate reads (a key a program does not have counts as off)."""
+    batch_size: int
+    max_seq_len: int
+    accum: int  # gradient_accumulation_steps, over all processes
+    optimizer: str
+    first_moment: bool  # Adafactor with adafactor_beta1 > 0
+    frozen: bool  # probes / lenses: heads trained on a frozen model (no gradients or state of it)
+    eval_only: bool  # one evaluation, no step: no gradients, no optimizer state
+    activation_checkpointing: bool
+    eval_rows: int  # eval_batch_size (0 = batch_size)
+    generation_rows: int  # generation_batch_size when the run generates, else 0
+    new_tokens: int  # max_new_tokens
+    sdpa: bool  # attention_impl=sdpa (packed rows get an additive mask)
+
+    @classmethod
+    def from_config(cls, cfg) -> "TrainingLoad":
+        frozen = bool(cfg.get("probes") or cfg.get("lenses"))
+        generates = not frozen and cfg.get("max_new_tokens", 0) > 0 and cfg.get("generation_eval_iters", 0) > 0
+        return cls(batch_size=cfg["batch_size"], max_seq_len=cfg["max_seq_len"],
+                   accum=cfg["gradient_accumulation_steps"], optimizer=cfg["optimizer"],
+                   first_moment=bool(cfg.get("adafactor_beta1")), frozen=frozen, eval_only=bool(cfg.get("eval_only")),
+                   activation_checkpointing=bool(cfg.get("activation_checkpointing")),
+                   eval_rows=cfg.get("eval_batch_size") or 0,
+                   generation_rows=cfg["generation_batch_size"] if generates else 0,
+                   new_tokens=cfg.get("max_new_tokens", 0), sdpa=cfg.get("attention_impl") == "sdpa")
+
+
+def optimizer_state(shape: Shape, load: TrainingLoad, pb, shard=1) -> Term:
     keys = shape.factors("dim", "n_layers", "vocab_size", "hidden_dim")
-    if cfg["optimizer"] == "adafactor":
+    if load.optimizer == "adafactor":
         n = sum((r + c if c > 1 else r) * k for r, c, k in shape.matrices())  # factored second moments
-        if cfg.get("adafactor_beta1"):
+        if load.first_moment:
             n += param_count(shape)  # the first moment: a full copy
         return Term("Adafactor state", -(-n * pb // shard), keys)
     return Term("AdamW state", -(-2 * param_count(shape) * pb // shard), keys)
@@ -262,52 +292,60 @@ def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=Fal
     """The larger of training's and the evaluations' peaks, per process, for cfg's batch_size and
     max_seq_len. `packed`: finetune_t0.py's batches (every micro-batch of a step at once);
     `packed_mask`: its SDPA mask."""
+    load = TrainingLoad.from_config(cfg)
     pb, ab = _bytes(dtype)
-    B, L, layers, dim, hidden = cfg["batch_size"], cfg["max_seq_len"], shape.n_layers, shape.dim, shape.hidden_dim
-    N, V = B * L, shape.vocab_size
     shard = world_size if fsdp else 1  # FSDP: parameters, gradients and state sharded over the processes
-    model_keys = shape.factors("dim", "n_layers", "vocab_size", "hidden_dim")
-    seq = {"batch_size": B, "max_seq_len": L}
-    frozen = bool(cfg.get("probes") or cfg.get("lenses"))  # heads on a frozen model: no gradients or state of it
-    evaluates_only = bool(cfg.get("eval_only"))  # one evaluation, no step: no gradients, no optimizer state
-    recompute = "" if cfg.get("activation_checkpointing") else "set activation_checkpointing=True"
-    static = [Term("parameters", -(-param_count(shape) * pb // shard), model_keys),
-              Term("RoPE tables", L * shape.head_dim * 4, {"max_seq_len": L})]
-    if not frozen and not evaluates_only:
-        static.append(optimizer_state(shape, cfg, pb, shard))
-    if packed:
-        steps = max(1, cfg["gradient_accumulation_steps"] // world_size)
-        rows = steps * world_size * B * (L + 1) * 16  # the packed rows' token and segment ids, int64
-        batch = Term("batch buffers", rows + steps * N * (4 * 8 + pb),
-                     {**seq, "gradient_accumulation_steps": cfg["gradient_accumulation_steps"]})
-    else:
-        batch = Term("batch buffers", B * (L + 1) * (4 * 8 + 2), seq)
-    train = static + [batch]
-    if not frozen:
-        kept = layers * (BLOCK_DIM * dim + BLOCK_HIDDEN * hidden)
-        if cfg.get("activation_checkpointing"):
-            kept = layers * dim + BLOCK_DIM * dim + BLOCK_HIDDEN * hidden
-        chunk = min(N, max(HEAD_MIN_ROWS, HEAD_CHUNK_LOGITS // V)) * V
-        train += [Term("gradients", -(-param_count(shape) * pb // shard), model_keys),
-                  Term("activations of one micro-batch", N * kept * ab,
-                       {**seq, **shape.factors("n_layers", "dim", "hidden_dim")}, recompute),
-                  Term("the fused head", N * dim * (3 * ab + pb) + (V * dim + chunk) * pb,
-                       {**seq, **shape.factors("dim", "vocab_size")})]
-        if packed_mask:
-            train.append(Term("packed rows' attention mask", B * L * L * (ab + 1), seq))
-    estimates = [] if evaluates_only else [Estimate("training", train)]
-    eval_rows = cfg.get("eval_batch_size") or B
-    if eval_rows != B or evaluates_only:
+    static = [Term("parameters", -(-param_count(shape) * pb // shard), shape.factors("dim", "n_layers", "vocab_size",
+                                                                                     "hidden_dim")),
+              Term("RoPE tables", load.max_seq_len * shape.head_dim * 4, {"max_seq_len": load.max_seq_len})]
+    if not load.frozen and not load.eval_only:
+        static.append(optimizer_state(shape, load, pb, shard))
+    estimates = [] if load.eval_only else [Estimate("training", static + _training_terms(
+        load, shape, pb, ab, shard, world_size, packed, packed_mask))]
+    B, L = load.batch_size, load.max_seq_len
+    eval_rows = load.eval_rows or B
+    if eval_rows != B or load.eval_only:
         estimates.append(Estimate("the loss evaluation", static + [
             Term("evaluation batch buffers", eval_rows * (L + 1) * (4 * 8 + 2),
                  {"eval_batch_size": eval_rows, "max_seq_len": L})]))
-    if not frozen and cfg.get("max_new_tokens", 0) > 0 and cfg.get("generation_eval_iters", 0) > 0:
-        g = cfg["generation_batch_size"]
+    if load.generation_rows:
+        g = load.generation_rows
         rows = {"generation_batch_size": g, "max_seq_len": L}
         estimates.append(Estimate("the generation evaluation", static + [
-            kv_cache(shape, g, min(L, cfg["max_new_tokens"]), pb, {**rows, **shape.factors("n_layers", "dim")}),
+            kv_cache(shape, g, min(L, load.new_tokens), pb, {**rows, **shape.factors("n_layers", "dim")}),
             Term("prompt windows", g * (L + 1) * (4 * 8 + 2), rows)]))
     return max(estimates, key=lambda e: e.total)
+
+
+def _training_terms(load: TrainingLoad, shape: Shape, pb, ab, shard, world_size, packed, packed_mask):
+    """One training step's terms beside the parameters and optimizer state: the batch buffers
+    and, unless the model is frozen, gradients, activations, the fused head (and the packed
+    rows' mask)."""
+    B, L, layers, dim, hidden = load.batch_size, load.max_seq_len, shape.n_layers, shape.dim, shape.hidden_dim
+    N, V = B * L, shape.vocab_size
+    seq = {"batch_size": B, "max_seq_len": L}
+    if packed:
+        steps = max(1, load.accum // world_size)
+        rows = steps * world_size * B * (L + 1) * 16  # the packed rows' token and segment ids, int64
+        terms = [Term("batch buffers", rows + steps * N * (4 * 8 + pb), {**seq, "gradient_accumulation_steps": load.accum})]
+    else:
+        terms = [Term("batch buffers", B * (L + 1) * (4 * 8 + 2), seq)]
+    if load.frozen:
+        return terms
+    kept = layers * (BLOCK_DIM * dim + BLOCK_HIDDEN * hidden)
+    if load.activation_checkpointing:
+        kept = layers * dim + BLOCK_DIM * dim + BLOCK_HIDDEN * hidden
+    recompute = "" if load.activation_checkpointing else "set activation_checkpointing=True"
+    chunk = min(N, max(HEAD_MIN_ROWS, HEAD_CHUNK_LOGITS // V)) * V
+    terms += [Term("gradients", -(-param_count(shape) * pb // shard), shape.factors("dim", "n_layers", "vocab_size",
+                                                                                   "hidden_dim")),
+              Term("activations of one micro-batch", N * kept * ab,
+                   {**seq, **shape.factors("n_layers", "dim", "hidden_dim")}, recompute),
+              Term("the fused head", N * dim * (3 * ab + pb) + (V * dim + chunk) * pb,
+                   {**seq, **shape.factors("dim", "vocab_size")})]
+    if packed_mask:
+        terms.append(Term("packed rows' attention mask", B * L * L * (ab + 1), seq))
+    return terms
 
 
 def kv_cache(shape: Shape, rows, capacity, pb, factors):
@@ -319,7 +357,7 @@ def check_training(cfg, run, shape: Shape, packed=False):
     module docstring). `shape`: Shape.from_config, or a checkpoint's (resume, the T0 base)."""
     if shape is None:
         return
-    packed_mask = packed and (cfg.get("attention_impl") == "sdpa" or run.device_type != "cuda")
+    packed_mask = packed and (TrainingLoad.from_config(cfg).sdpa or run.device_type != "cuda")
     est = training_estimate(cfg, shape, run.dtype, run.dist.world_size, run.fsdp, packed, packed_mask)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if run.dist.enabled else 1
     check(est, run.device, processes=local)

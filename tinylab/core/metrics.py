@@ -71,7 +71,10 @@ def append_records(path, records):
 
 
 class MetricsLogger:
-    def __init__(self, out_dir, config, enabled=True, resume_iter=None, wandb_run_id=None):
+    """metrics.jsonl in `out_dir`, and wandb when `wandb` (core/run_keys.WandbOptions) says so;
+    `config` is the run's resolved config, the record wandb shows beside the run."""
+
+    def __init__(self, out_dir, config, wandb=None, enabled=True, resume_iter=None, wandb_run_id=None):
         self.enabled = enabled
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.wandb = None
@@ -82,20 +85,19 @@ class MetricsLogger:
         if resume_iter is not None:
             truncate_metrics(self.path, resume_iter)
         self.file = open(self.path, "a")
-        if config.get("wandb_log"):
-            self._start_wandb(config)
+        if wandb is not None and wandb.log:
+            self._start_wandb(wandb, config)
 
-    def _start_wandb(self, config):
+    def _start_wandb(self, options, config):
         try:
             import wandb
         except ImportError:
             print("warning: wandb_log=True but wandb is not installed; logging to metrics.jsonl only", file=sys.stderr)
             return
-        kwargs = dict(project=config.get("wandb_project") or None, name=config.get("wandb_run_name") or None,
-                      entity=config.get("wandb_entity") or None, tags=list(config.get("wandb_tags") or []) or None,
-                      config=config, dir=os.path.dirname(self.path))
-        if config.get("wandb_mode"):
-            kwargs["mode"] = config["wandb_mode"]
+        kwargs = dict(project=options.project or None, name=options.run_name or None, entity=options.entity or None,
+                      tags=list(options.tags or []) or None, config=config, dir=os.path.dirname(self.path))
+        if options.mode:
+            kwargs["mode"] = options.mode
         if self.wandb_run_id:
             kwargs.update(id=self.wandb_run_id, resume="allow")
         try:

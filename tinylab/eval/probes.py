@@ -350,8 +350,8 @@ def saved_heads(ckpt, kind):
 
 def heads_for_config(cfg, model, ckpt=None):
     """probes=True / lenses=True: the heads a Trainer trains over `model` (build_heads); else None."""
-    from tinylab.training.trainer import resumes_run
-    return build_heads(HeadsOptions.from_config(cfg), resumes_run(cfg), model, ckpt)
+    from tinylab.core.run_keys import StartOptions
+    return build_heads(HeadsOptions.from_config(cfg), StartOptions.from_config(cfg).resumes, model, ckpt)
 
 
 def build_heads(options: HeadsOptions, resumes: bool, model, ckpt=None):

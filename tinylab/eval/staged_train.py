@@ -36,16 +36,9 @@ from tinylab.core.errors import UserError
 from tinylab.core.rundir import LOCK_NAME, RunDir
 from tinylab.eval.staged_eval import RUN_INFO
 from tinylab.eval.token_files import ChunkBatches, TokenFile, check_special_ids, ordered_batches, to_xy
-from tinylab.training.trainer import (
-    Run,
-    Trainer,
-    fit_and_close,
-    init_model,
-    model_args_from_config,
-    seed_everything,
-    start_run,
-    training_state,
-)
+from tinylab.training.options import TrainerOptions, model_args_from_config
+from tinylab.training.setup import Run, fit_and_close, init_model, seed_everything, start_run, training_state
+from tinylab.training.trainer import Trainer
 
 LR_RULE = (0.003239, 0.0001395)  # the original's default learning rate: a - b ln(N)
 GPT2_DROPOUT = 0.1  # GPT2Config's resid / embd / attn dropout, which the original trained with
@@ -226,7 +219,8 @@ def build_trainer(a, cfg, run, data: TokenData):
     batches = ChunkBatches(data.train, a.block_size, a.batch_size, a.bos_id, a.eos_id, seed=a.data_seed,
                            rank=run.dist.rank, world_size=run.dist.world_size, device=run.device)
     validation = Validation(data.valid, a.block_size, a.batch_size, a.bos_id, a.eos_id, a.validation_steps, run.device)
-    trainer = Trainer(cfg, run, model, batches, validation, training_state(cfg, ckpt), best_metric="val_loss")
+    trainer = Trainer(TrainerOptions.from_config(cfg), run, model, batches, validation, training_state(cfg, ckpt),
+                      config=cfg, best_metric="val_loss")
     return trainer, model, validation
 
 
@@ -239,7 +233,7 @@ def run_train(a, schema, log=print):
     lr = learning_rate(a, n_params, log)
     cfg = train_config(a, data.vocab, lr, schema)
 
-    run = Run(cfg)
+    run = Run.from_config(cfg)
     rd = RunDir(a.log_dir, what="LOG_DIR", enabled=run.master).open()
     copied = []
     try:

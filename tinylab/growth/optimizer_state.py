@@ -8,6 +8,7 @@ import torch
 from tinylab.core.errors import UserError
 from tinylab.growth.ops.base import meta_model
 from tinylab.training.optim import build_optimizer, optimizer_param_names
+from tinylab.training.options import OptimizerOptions
 
 ADAM_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -82,7 +83,7 @@ def optimizer_state_dict(args, cfg, overrides, by_name, old):
     train.py will build them (same grouping, names, hyperparameters), the state filled by name.
     Implementation flags (fused on CUDA, foreach) are taken from the old state dict `old`, since
     the structure is built on the meta device."""
-    opt = build_optimizer(meta_model(args), cfg, overrides)
+    opt = build_optimizer(meta_model(args), OptimizerOptions.from_config(cfg), overrides)
     names = optimizer_param_names(opt)
     sd = opt.state_dict()
     flags = {k: v for k, v in old["param_groups"][0].items() if k in ("foreach", "fused", "capturable")}

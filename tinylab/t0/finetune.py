@@ -7,6 +7,7 @@ import numpy as np
 
 from tinylab.core.checkpoint import load_checkpoint
 from tinylab.core.errors import UserError
+from tinylab.core.run_keys import StartOptions
 from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
 from tinylab.t0 import megatron as megatron_data
@@ -18,14 +19,13 @@ from tinylab.t0.overlap import check_overlap
 from tinylab.t0.packing import pack_once, rows_to_arrays
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, summarize
 from tinylab.t0.sources import read_records
-from tinylab.training.trainer import checkpoint_path
 
 
 def base_checkpoint(cfg):
     """The checkpoint init_model will load, read first for its context length and tokenizer."""
     if cfg["init_from"] == "resume_model" and not cfg["model_dir"]:
         raise UserError("no base model: pass --model_dir=DIR (a folder holding the pretrained ckpt.pt)")
-    return load_checkpoint(checkpoint_path(cfg), map_location="cpu")
+    return load_checkpoint(StartOptions.from_config(cfg).checkpoint_path(), map_location="cpu")
 
 
 def resolve_tokenizer(cfg, ckpt):

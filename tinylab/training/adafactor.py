@@ -1,6 +1,6 @@
-"""Adafactor with Hugging Face `transformers` semantics, its config presets, and the config glue.
+"""Adafactor with Hugging Face `transformers` semantics.
 
-    from adafactor import Adafactor, apply_optimizer_preset, adafactor_from_config
+    from tinylab.training.adafactor import Adafactor
 
 `Adafactor(params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8, beta1=None,
 weight_decay=0.0, scale_parameter=True, relative_step=True, warmup_init=False)` computes exactly
@@ -47,8 +47,9 @@ a different algorithm in the places our presets depend on:
 So presets written for HF/T5 (`t0`, `hf_t5`) would silently change meaning; torch's class is used
 in the tests only as a cross-check where the two agree.
 
-The config keys (adafactor_preset, adafactor_scale_parameter, ...) and the presets are optim.py's
-(`adafactor_from_config`, `apply_optimizer_preset`); this module is the optimizer alone.
+The config keys (adafactor_preset, adafactor_scale_parameter, ...) are options.py's
+(AdafactorOptions), the presets presets.py's, and optim.build_optimizer builds this optimizer from
+them; this module is the optimizer alone.
 """
 import math
 
@@ -146,74 +147,91 @@ class Adafactor(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            eps1, eps2 = group["eps"]
-            beta1, wd = group["beta1"], group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None or p.numel() == 0:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("Adafactor does not support sparse gradients")
-                cdt = torch.promote_types(p.dtype, torch.float32)  # fp32, or fp64 for fp64
-                grad = p.grad.to(cdt)
-                state = self.state[p]
-                factored = self._factored(group, p.shape)
-                shape = p.shape
-                if "step" not in state:
-                    state["step"] = 0
-                if beta1 is not None and "exp_avg" not in state:
-                    state["exp_avg"] = torch.zeros(shape, dtype=cdt, device=p.device)
-                if factored and "exp_avg_sq_row" not in state:
-                    state["exp_avg_sq_row"] = torch.zeros(shape[:-1], dtype=cdt, device=p.device)
-                    state["exp_avg_sq_col"] = torch.zeros(shape[:-2] + shape[-1:], dtype=cdt, device=p.device)
-                if not factored and "exp_avg_sq" not in state:
-                    state["exp_avg_sq"] = torch.zeros(shape, dtype=cdt, device=p.device)
-
-                if p.dtype == cdt:
-                    x = p
-                elif group["master_weights"]:
-                    master = state.get("master")
-                    if master is None or master.shape != shape:
-                        master = p.to(cdt)
-                    else:  # keep the master where it still rounds to the parameter
-                        master = torch.where(master.to(p.dtype) == p, master, p.to(cdt))
-                    state["master"] = x = master
-                else:
-                    x = p.to(cdt)
-
-                state["step"] += 1
-                t = state["step"]
-                rho = self._relative_step_size(group, t)
-                alpha = self._rms(x).clamp_(min=eps2).mul_(rho) if group["scale_parameter"] else rho
-                beta2t = 1.0 - math.pow(t, group["decay_rate"])
-
-                update = grad.square().add_(eps1)
-                if factored:
-                    row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
-                    row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
-                    col.mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
-                    r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
-                    c_factor = col.unsqueeze(-2).rsqrt()
-                    update = torch.mul(r_factor, c_factor).mul_(grad)
-                else:
-                    v = state["exp_avg_sq"]
-                    v.mul_(beta2t).add_(update, alpha=1.0 - beta2t)
-                    update = v.rsqrt().mul_(grad)
-                update.div_((self._rms(update) / group["clip_threshold"]).clamp_(min=1.0))
-                update.mul_(alpha)
-                if beta1 is not None:
-                    m = state["exp_avg"]
-                    m.mul_(beta1).add_(update, alpha=1.0 - beta1)
-                    update = m
-                if wd != 0:
-                    if torch.is_tensor(alpha):
-                        x.add_(x * (alpha * -wd))
-                    else:
-                        x.add_(x, alpha=-wd * alpha)
-                x.add_(-update)
-                if x is not p:
-                    p.copy_(x)
-                state["alpha"] = alpha
+                self._step_parameter(group, p)
         return loss
+
+    def _step_parameter(self, group, p):
+        """One update of `p` (the formulas of the module docstring), in fp32 (fp64 for fp64)."""
+        eps1, eps2 = group["eps"]
+        beta1, wd = group["beta1"], group["weight_decay"]
+        cdt = torch.promote_types(p.dtype, torch.float32)
+        grad = p.grad.to(cdt)
+        state = self.state[p]
+        factored = self._factored(group, p.shape)
+        self._init_state(state, p, cdt, factored, beta1 is not None)
+        x = self._working_copy(group, state, p, cdt)
+        state["step"] += 1
+        t = state["step"]
+        rho = self._relative_step_size(group, t)
+        alpha = self._rms(x).clamp_(min=eps2).mul_(rho) if group["scale_parameter"] else rho
+        beta2t = 1.0 - math.pow(t, group["decay_rate"])
+        update = self._normalized_gradient(state, grad, eps1, beta2t, factored)
+        update.div_((self._rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+        update.mul_(alpha)
+        if beta1 is not None:
+            m = state["exp_avg"]
+            m.mul_(beta1).add_(update, alpha=1.0 - beta1)
+            update = m
+        if wd != 0:
+            if torch.is_tensor(alpha):
+                x.add_(x * (alpha * -wd))
+            else:
+                x.add_(x, alpha=-wd * alpha)
+        x.add_(-update)
+        if x is not p:
+            p.copy_(x)
+        state["alpha"] = alpha
+
+    @staticmethod
+    def _init_state(state, p, cdt, factored, first_moment):
+        """The step count and the moments a parameter's first step needs (zeros, in `cdt`)."""
+        shape = p.shape
+        if "step" not in state:
+            state["step"] = 0
+        if first_moment and "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros(shape, dtype=cdt, device=p.device)
+        if factored and "exp_avg_sq_row" not in state:
+            state["exp_avg_sq_row"] = torch.zeros(shape[:-1], dtype=cdt, device=p.device)
+            state["exp_avg_sq_col"] = torch.zeros(shape[:-2] + shape[-1:], dtype=cdt, device=p.device)
+        if not factored and "exp_avg_sq" not in state:
+            state["exp_avg_sq"] = torch.zeros(shape, dtype=cdt, device=p.device)
+
+    @staticmethod
+    def _working_copy(group, state, p, cdt):
+        """What the update is applied to: `p` itself in fp32 / fp64; for a half-precision `p` an
+        fp32 copy, kept in the state as the master weights with master_weights=True."""
+        if p.dtype == cdt:
+            return p
+        if not group["master_weights"]:
+            return p.to(cdt)
+        master = state.get("master")
+        if master is None or master.shape != p.shape:
+            master = p.to(cdt)
+        else:  # keep the master where it still rounds to the parameter
+            master = torch.where(master.to(p.dtype) == p, master, p.to(cdt))
+        state["master"] = master
+        return master
+
+    @staticmethod
+    def _normalized_gradient(state, grad, eps1, beta2t, factored):
+        """U = G / sqrt(V) after V's update with this step's Q = G^2 + eps1 (V factored into row
+        and column means for a factored tensor)."""
+        update = grad.square().add_(eps1)
+        if factored:
+            row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+            row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
+            col.mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
+            r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+            c_factor = col.unsqueeze(-2).rsqrt()
+            return torch.mul(r_factor, c_factor).mul_(grad)
+        v = state["exp_avg_sq"]
+        v.mul_(beta2t).add_(update, alpha=1.0 - beta2t)
+        return v.rsqrt().mul_(grad)
 
     def step_sizes(self):
         """{parameter name (or 'group.index'): alpha of its last step} for logging (one host sync)."""

@@ -1,19 +1,19 @@
-"""Optimizers, their presets and learning-rate schedules, shared by every driver.
+"""Optimizers and learning-rate schedules, shared by every driver.
 
-Every function here reads a whole config (schema.py's keys; callers that build one by hand start
-from `TRAIN.defaults()`). build_optimizer(model, cfg) makes AdamW (weight decay on >=2-D
-parameters only, as llama2.c; fused on CUDA and CPU, foreach elsewhere) or Adafactor
-(adafactor.py). Parameter groups are defined by role (`group["role"]`: "decay" / "no_decay"),
-never by the decay's value, and carry the parameter *names* (`group["param_names"]`), so a
-checkpoint's optimizer state is mapped by name (state_for: resume_train, reset_progress; growth),
-and optional per-parameter overrides {name: {"lr_scale": s, "eps": e, "weight_decay_scale": w,
-"clip_weight": c}} that exact growth needs (grow.py). lr_at(it, cfg) is the schedule: constant,
-or linear warmup + cosine to min_lr, optionally moved back after growth with a linear re-warmup
-from 0 (docs/growth.md §6.3). apply_optimizer_preset fills in the settings of a named recipe
-(T0's Adafactor, HF's T5 Adafactor, BLOOMZ's Adam).
+Every function here receives typed options (tinylab/training/options.py: OptimizerOptions,
+ScheduleOptions, built from a config by their from_config). build_optimizer(model, options) makes
+AdamW (weight decay on >=2-D parameters only, as llama2.c; fused on CUDA and CPU, foreach
+elsewhere) or Adafactor (adafactor.py). Parameter groups are defined by role (`group["role"]`:
+"decay" / "no_decay"), never by the decay's value, and carry the parameter *names*
+(`group["param_names"]`), so a checkpoint's optimizer state is mapped by name (state_for:
+resume_train, reset_progress; growth), and optional per-parameter overrides {name: {"lr_scale": s,
+"eps": e, "weight_decay_scale": w, "clip_weight": c}} that exact growth needs (grow.py).
+lr_at(it, schedule) is the schedule: constant, or linear warmup + cosine to min_lr, optionally moved
+back after growth with a linear re-warmup from 0 (docs/growth.md §6.3). The named recipes (T0's
+Adafactor, HF's T5 Adafactor, BLOOMZ's Adam) are presets.py's.
 """
+import dataclasses
 import math
-import sys
 
 import torch
 
@@ -47,20 +47,19 @@ def param_groups(model, weight_decay, overrides=None):
     return list(groups.values())
 
 
-def build_optimizer(model, cfg, overrides=None):
-    """The optimizer named by cfg['optimizer'] over `model`'s parameters."""
-    name = cfg["optimizer"]
-    if name not in OPTIMIZERS:
-        raise UserError(f"unknown optimizer '{name}' (choose from {', '.join(OPTIMIZERS)})")
-    lr = cfg["learning_rate"]
-    if name == "adamw":
-        groups = param_groups(model, cfg["weight_decay"], overrides)
-        device_type = next(model.parameters()).device.type
-        # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
-        # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
-        extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=lr, betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["adam_eps"], **extra)
-    return adafactor_from_config(model, cfg, overrides)
+def build_optimizer(model, options, overrides=None):
+    """The optimizer `options` (OptimizerOptions) names, over `model`'s parameters."""
+    if options.name not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer '{options.name}' (choose from {', '.join(OPTIMIZERS)})")
+    if options.name == "adafactor":
+        return build_adafactor(model, options, overrides)
+    groups = param_groups(model, options.weight_decay, overrides)
+    device_type = next(model.parameters()).device.type
+    # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
+    # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
+    extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.beta1, options.beta2),
+                             eps=options.adam_eps, **extra)
 
 
 def optimizer_param_names(optimizer):
@@ -176,8 +175,9 @@ def changed_settings(optimizer, saved, saved_names):
 LR_SCHEDULES = ("cosine", "linear", "constant")
 
 
-def lr_at(it, cfg, rewarmup=None):
-    """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it).
+def lr_at(it, schedule, rewarmup=None):
+    """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it) of
+    `schedule` (ScheduleOptions).
 
     The schedule (`schedule_lr`) is read at position pos = it - shift. After growth
     (docs/growth.md §6.3) `rewarmup` = {"start": R0, "iters": R_w, "shift": k, "ramp_from": R,
@@ -190,19 +190,19 @@ def lr_at(it, cfg, rewarmup=None):
     as a restored LambdaLR keeps its base_lrs.
     """
     if not rewarmup:
-        return schedule_lr(it, cfg)
+        return schedule_lr(it, schedule)
     if rewarmup.get("base_lr") is not None:
-        cfg = {**cfg, "learning_rate": rewarmup["base_lr"]}
+        schedule = dataclasses.replace(schedule, learning_rate=rewarmup["base_lr"])
     shift, iters = rewarmup.get("shift", 0), rewarmup.get("iters", 0)
     pos = it - shift
     ramp_from = rewarmup.get("ramp_from", rewarmup.get("start", 0) - shift)
     if iters > 0 and ramp_from <= pos < ramp_from + iters:
-        return (pos - ramp_from) / iters * schedule_lr(ramp_from + iters, cfg)
-    return schedule_lr(pos, cfg)
+        return (pos - ramp_from) / iters * schedule_lr(ramp_from + iters, schedule)
+    return schedule_lr(pos, schedule)
 
 
-def schedule_lr(pos, cfg):
-    """The configured schedule at position `pos`:
+def schedule_lr(pos, schedule):
+    """The schedule at position `pos`:
       lr_scheduling=False or decay_lr=False   constant learning_rate (the *_no_lrs configs)
       cosine     linear warmup over warmup_iters (llama2.c's (pos+1)/(warmup+1)), then cosine to
                  min_lr at lr_decay_iters (0 = max_iters), min_lr after
@@ -210,11 +210,11 @@ def schedule_lr(pos, cfg):
                  a straight line to min_lr at lr_decay_iters (staged-training's schedule)
       constant   the same linear warmup as linear, then constant learning_rate
     """
-    lr = cfg["learning_rate"]
-    if not (cfg["lr_scheduling"] and cfg["decay_lr"]):
+    lr = schedule.learning_rate
+    if not schedule.decays:
         return lr
-    kind, warmup, min_lr = cfg["lr_schedule"], cfg["warmup_iters"], cfg["min_lr"]
-    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+    kind, warmup, min_lr = schedule.lr_schedule, schedule.warmup_iters, schedule.min_lr
+    decay_iters = schedule.lr_decay_iters or schedule.max_iters
     if kind == "cosine":
         if pos < warmup:
             return lr * (pos + 1) / (warmup + 1)
@@ -249,94 +249,26 @@ def set_lr(optimizer, lr):
         g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-# ---------------------------------------------------------------------- presets
+def build_adafactor(model, options, overrides=None):
+    """Adafactor over `model` from `options.adafactor` (AdafactorOptions; see adafactor.py).
 
-_ADAFACTOR_HF = {"adafactor_clip_threshold": 1.0, "adafactor_decay_rate": -0.8,
-                 "adafactor_beta1": 0.0, "adafactor_warmup_init": False,
-                 "adafactor_relative_step": False, "adafactor_eps1": 1e-30, "adafactor_eps2": 1e-3}
-
-
-ADAFACTOR_PRESETS = {
-    # T0 (Mesh-TF): constant 1e-3 relative to each tensor's RMS, no warmup, no weight decay, no
-    # global grad-norm clipping (update clipping replaces it).
-    "t0": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": True,
-           "learning_rate": 1e-3, "lr_scheduling": False, "warmup_iters": 0,
-           "weight_decay": 0.0, "grad_clip": 0.0},
-    # HF's T5 finetuning recipe: absolute steps of 1e-3 (about 50x t0's on std-0.02 matrices),
-    # reached by the config's linear warmup (warmup_iters is left as configured) and then held
-    # constant (min_lr = learning_rate turns the cosine into a constant), no extra clipping.
-    "hf_t5": {**_ADAFACTOR_HF, "optimizer": "adafactor", "adafactor_scale_parameter": False,
-              "learning_rate": 1e-3, "lr_scheduling": True, "decay_lr": True,
-              "weight_decay": 0.0, "grad_clip": 0.0},
-}
-
-
-OPTIMIZER_PRESETS = {
-    **ADAFACTOR_PRESETS,
-    # BLOOMZ finetuning (tr13-mtf): Adam(0.9, 0.95) eps 1e-8, constant 2e-5, no warmup,
-    # weight decay 1e-4 (matrices only), grad-norm clip 1.0.
-    "bloomz_adam": {"optimizer": "adamw", "learning_rate": 2e-5, "lr_scheduling": False,
-                    "warmup_iters": 0, "weight_decay": 1e-4, "grad_clip": 1.0,
-                    "beta1": 0.9, "beta2": 0.95, "adam_eps": 1e-8},
-}
-
-
-def apply_optimizer_preset(cfg, defaults=None):
-    """A new config with the preset named by cfg['adafactor_preset'] filled in ("" = no preset).
-
-    Sets exactly the keys of OPTIMIZER_PRESETS[name] (optimizer, learning_rate, lr_scheduling,
-    warmup_iters (not hf_t5), decay_lr (hf_t5), weight_decay, grad_clip, the adafactor_* keys or
-    AdamW's beta1/beta2/adam_eps) and, for hf_t5, min_lr = learning_rate.
-    With `defaults` (the driver's default config), a key whose value differs from its default
-    was chosen by the user (config file or --key=value) and is kept, e.g.
-    `--adafactor_preset=t0 --learning_rate=3e-4`; `optimizer` must then agree with the preset.
-    Without `defaults` the preset overwrites every key it names.
+    Parameter groups are param_groups' (names, lr_scale, weight decay on >= 2-D tensors); with
+    relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True lr is
+    None (the step size comes from the step count; learning_rate is ignored). eps is HF's pair
+    (adafactor_eps1, adafactor_eps2): eps1 added to G^2, eps2 the RMS floor of the step size.
     """
-    name = cfg["adafactor_preset"]
-    out = dict(cfg)
-    if not name:
-        return out
-    if name not in OPTIMIZER_PRESETS:
-        raise UserError(f"unknown adafactor_preset '{name}' (choose from "
-                        f"{', '.join(OPTIMIZER_PRESETS)}, or '' for none)")
-    preset = OPTIMIZER_PRESETS[name]
-    for key, value in preset.items():
-        user_set = defaults is not None and key in cfg and key in defaults and cfg[key] != defaults[key]
-        if user_set and key == "optimizer" and cfg[key] != value:
-            raise UserError(f"adafactor_preset={name} uses optimizer={value}, "
-                            f"but optimizer={cfg[key]} was set")
-        if not user_set:
-            out[key] = value
-    if name == "hf_t5":
-        out["min_lr"] = out["learning_rate"]
-        print("notice: adafactor_preset=hf_t5 takes absolute steps (scale_parameter=False), about 50x larger "
-              f"than t0's on std-0.02 matrices; keep a warmup (warmup_iters={out['warmup_iters']})", file=sys.stderr)
-    return out
-
-
-def adafactor_from_config(model, cfg, overrides=None):
-    """Adafactor over `model` from the adafactor_* config keys (see the module docstring).
-
-    Parameter groups are optim.param_groups' (names, lr_scale, weight decay on >= 2-D tensors);
-    with relative_step=False each group's lr is learning_rate * lr_scale, with relative_step=True
-    lr is None (the step size comes from the step count; learning_rate is ignored). eps is HF's
-    pair (adafactor_eps1, adafactor_eps2): eps1 added to G^2, eps2 the RMS floor of the step size.
-    """
-    c = cfg
+    a = options.adafactor
     overrides = overrides or {}
     eps_overrides = sorted(n for n, ov in overrides.items() if ov.get("eps") is not None)
     if eps_overrides:
         raise UserError(f"per-parameter eps overrides (e.g. {eps_overrides[0]}) are AdamW-only "
                         f"(exact growth continuation); use optimizer=adamw")
-    groups = param_groups(model, c["weight_decay"], overrides)
-    relative = bool(c["adafactor_relative_step"])
-    lr = None if relative else c["learning_rate"]
+    groups = param_groups(model, options.weight_decay, overrides)
+    relative = bool(a.relative_step)
+    lr = None if relative else options.learning_rate
     if not relative:
         for g in groups:
             g["lr"] = lr * g.get("lr_scale", 1.0)
-    beta1 = c["adafactor_beta1"]
-    return Adafactor(groups, lr=lr, eps=(c["adafactor_eps1"], c["adafactor_eps2"]),
-                     clip_threshold=c["adafactor_clip_threshold"],
-                     decay_rate=c["adafactor_decay_rate"], beta1=beta1 if beta1 else None,
-                     scale_parameter=bool(c["adafactor_scale_parameter"]), relative_step=relative,
-                     warmup_init=bool(c["adafactor_warmup_init"]))
+    return Adafactor(groups, lr=lr, eps=(a.eps1, a.eps2), clip_threshold=a.clip_threshold, decay_rate=a.decay_rate,
+                     beta1=a.beta1 if a.beta1 else None, scale_parameter=bool(a.scale_parameter),
+                     relative_step=relative, warmup_init=bool(a.warmup_init))

@@ -18,7 +18,18 @@ keeps the data stream, and therefore resume and DDP, exactly as without warmup.
 from dataclasses import dataclass
 from typing import Optional
 
+from tinylab.core.config import COUNT, NONNEG, Key
 from tinylab.core.errors import UserError
+
+# train.py's "data" section lists these among the data keys (tinylab/schema.py)
+WARMUP_KEYS = [
+    Key("warmup_bsz", 0, "tokens over which the global batch grows from warmup_bsz_start sequences to "
+        "batch_size * gradient_accumulation_steps (staged-training's --warmup_bsz); 0 = off", range=NONNEG),
+    Key("warmup_bsz_start", 64, "sequences in the first batch of a batch-size warmup", range=COUNT),
+    Key("warmup_seq", 0, "tokens over which the sequence length grows from warmup_seq_start to max_seq_len "
+        "(staged-training's --warmup_seq); 0 = off", range=NONNEG),
+    Key("warmup_seq_start", 64, "tokens per sequence at the start of a sequence-length warmup", range=COUNT),
+]
 
 
 @dataclass
@@ -37,6 +48,16 @@ class BatchWarmup:
             return None
         return cls(cfg["batch_size"], cfg["gradient_accumulation_steps"], cfg["max_seq_len"], cfg["warmup_bsz"],
                    cfg["warmup_bsz_start"], cfg["warmup_seq"], cfg["warmup_seq_start"])
+
+    def check_config(self):
+        """What a warmup needs of the configuration (any number of processes)."""
+        batch = self.batch_size * self.accum
+        if self.bsz_tokens and self.bsz_start >= batch:
+            raise UserError(f"warmup_bsz_start={self.bsz_start} sequences is not below the global batch it should "
+                            f"grow to (batch_size * gradient_accumulation_steps = {batch}): raise "
+                            f"gradient_accumulation_steps or lower warmup_bsz_start")
+        if self.seq_tokens and self.seq_start >= self.max_seq_len:
+            raise UserError(f"warmup_seq_start={self.seq_start} is not below max_seq_len={self.max_seq_len}")
 
     def check(self, world: int):
         if self.bsz_tokens and self.bsz_start < world:
@@ -58,6 +79,12 @@ class BatchWarmup:
         if self.seq_tokens:
             seq = int(self.seq_start + (self.max_seq_len - self.seq_start) * min(1.0, tokens_seen / self.seq_tokens))
         return micro, rows, min(seq, self.max_seq_len)
+
+
+def check_warmups(cfg):
+    warmup = BatchWarmup.from_config(cfg)
+    if warmup is not None:
+        warmup.check_config()
 
 
 def truncate(batch: dict, rows: int, seq: int) -> dict:

@@ -15,11 +15,11 @@ from tinylab.core.fileio import read_text
 from tinylab.core.metrics import read_metrics
 from tinylab.growth.plan.fit import MIN_POINTS
 from tinylab.growth.plan.shapes import Costs, tokens_per_iter
-from tinylab.training.trainer import model_args_from_config
+from tinylab.training.options import model_args_from_config
 
 METRIC = "loss/test"
 
-# what read_run takes from a run's config.json: the model shape (trainer.model_args_from_config,
+# what read_run takes from a run's config.json: the model shape (training/options.model_args_from_config,
 # dropout aside), the tokens per iteration, the data (check_comparable) and the evaluations'
 # spacing and warmup (which points are fitted)
 RUN_CONFIG_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "multiple_of", "vocab_size", "tie_embeddings",
