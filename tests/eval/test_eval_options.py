@@ -50,8 +50,8 @@ def test_no_heads_without_probes_or_lenses():
 
 
 def test_the_tools_shared_flags_accept_what_train_py_accepts():
-    """EVAL declares device / dtype / seed / batch_size / tokenizer_model of its own (the tools load
-    a trained model): the same checks as train.py's keys, with the tools' own defaults and help."""
+    """EVAL's device / seed / batch_size / tokenizer_model are train.py's keys with the tools' own
+    defaults and help (the tools load a trained model); its dtype takes train.py's precisions."""
     assert [k.name for k in EVAL_KEYS] == ["checkpoint", "tokenizer_model", "data_cache_dir", "device", "dtype",
                                            "batch_size", "seed", "out", "force"]
     assert list(EVAL.keys) == [k.name for k in EVAL_KEYS]

@@ -5,22 +5,24 @@ device and precision, the batch size, the seed, and the --out JSON with its --fo
 --out is declared as an output (Key(output="json")): the output guard (tinylab/core/outputs.py)
 checks it when the flags are parsed, before any work, and common.emit writes it atomically.
 """
-from tinylab.core.config import Key, check_device
+from tinylab.core.config import Key
+from tinylab.core.run_keys import DEVICE, DTYPES, SEED
+from tinylab.data.options import BATCH_SIZE, DATA_CACHE_DIR, TOKENIZER_MODEL
 
-DTYPES = ("float32", "float64", "bfloat16", "float16")  # the precisions a model is loaded in (torch dtype names)
-
+# the same Key objects as train.py's where a setting is the same setting, with the tools' defaults
 CHECKPOINT = Key("checkpoint", "out/ckpt.pt", "our checkpoint (ckpt.pt or its folder) or a Hugging Face Llama folder",
                  nonempty=True, input=True)
-TOOL_DATA_CACHE = Key("data_cache_dir", "", "where tokenizers and datasets live (default: the checkpoint's config)")
+TOOL_DATA_CACHE = DATA_CACHE_DIR.replace(default="", nonempty=False,
+                                         help="where tokenizers and datasets live (default: the checkpoint's config)")
 
 EVAL_KEYS = [
     CHECKPOINT,
-    Key("tokenizer_model", "", "sentencepiece .model (default: the one the checkpoint's config names)", input=True),
+    TOKENIZER_MODEL.replace(help="sentencepiece .model (default: the one the checkpoint's config names)"),
     TOOL_DATA_CACHE,
-    Key("device", "", "cpu, cuda, ... ('' = cuda when available)", check=check_device),
+    DEVICE.replace(help="cpu, cuda, ... ('' = cuda when available)"),
     Key("dtype", "float32", "precision of the model", choices=DTYPES),
-    Key("batch_size", 8, "sequences per forward pass", range="[1, inf)"),
-    Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range="[0, inf)"),
+    BATCH_SIZE.replace(default=8, help="sequences per forward pass"),
+    SEED,
     Key("out", "", "also write the metrics JSON to this file (an existing one only with --force)", output="json"),
     Key("force", False, "replace an existing --out (never a checkpoint, a run's files or another kind)"),
 ]
