@@ -22,6 +22,7 @@ from tinylab.growth.rule import SLOPE_THRESHOLDS
 from tinylab.growth.state import grow_checkpoint
 from tinylab.schema import GROW, TRAIN
 from tinylab.training.optim import build_optimizer, optimizer_param_names
+from tinylab.training.options import OptimizerOptions
 
 NAMES = OPERATORS.names()
 CFG = dict(TRAIN.defaults(), learning_rate=1e-2, adam_eps=1e-6, max_iters=100, warmup_iters=2, dropout=0.0)
@@ -111,7 +112,7 @@ def test_a_name_registers_once():
 def small_state():
     """A tiny fp64 model after two AdamW steps, as the checkpoint dict train.py writes."""
     m = tiny_model(seed=3, dtype=torch.float64, vocab_size=61, max_seq_len=16, n_kv_heads=2).train()
-    opt = build_optimizer(m, CFG)
+    opt = build_optimizer(m, OptimizerOptions.from_config(CFG))
     g = torch.Generator().manual_seed(0)
     for _ in range(2):
         x = torch.randint(0, 61, (2, 16), generator=g)
@@ -140,7 +141,7 @@ def test_every_operator_preserves_the_function_and_its_state_loads(name):
     x = torch.randint(0, 61, (3, 16), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         assert (big.eval()(x, x) - small(x, x)).abs().max().item() < 1e-10
-    opt = build_optimizer(big, CFG, grown.get("param_overrides"))
+    opt = build_optimizer(big, OptimizerOptions.from_config(CFG), grown.get("param_overrides"))
     assert optimizer_param_names(opt) == grown["param_names"]
     opt.load_state_dict(grown["optimizer"])
     # target mode: the schedule position moves back from S_pre = 2 to round(2 / c)
