@@ -10,7 +10,6 @@
 The machinery (parsing, validation, --help) is config.py's. Cross-key rules are the functions
 below the declarations; everything is checked before a run writes anything.
 """
-from model import ATTENTION_IMPLS, flex_attention
 from tinylab.core.config import Key, Schema, check_device
 from tinylab.core.distributed import PARALLELISMS, check_fsdp_setting
 from tinylab.core.errors import UserError
@@ -26,6 +25,8 @@ from tinylab.growth.operators import (
     unreachable_growth,
 )
 from tinylab.growth.operators import MODES as GROW_MODES
+from tinylab.nn import attention
+from tinylab.nn.attention import check_attention_impl
 from tinylab.t0.data import MAX_PACK_BUFFER, MIXINGS, NORMALIZATIONS, PACKINGS, TRUNCATE_SIDES, TRUNCATIONS
 from tinylab.t0.megatron import check_weighted_splits
 from tinylab.training.optim import LR_SCHEDULES, OPTIMIZER_PRESETS, OPTIMIZERS, apply_optimizer_preset
@@ -366,23 +367,9 @@ T0_LOSS = [
         "0 disables", range=NONNEG),
     Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),
     Key("score_eos", False, "also score each choice's EOS"),
-    Key("attention_impl", "auto", "packed rows' attention, built from their segment ids at each forward: sdpa (a "
-        "mask per forward) | flex (FlexAttention's block mask; CUDA: torch has no flex backward on the CPU) | "
-        "auto = flex on CUDA, sdpa elsewhere", choices=ATTENTION_IMPLS),
+    # the backends' names and words from their registry (tinylab/nn/attention/)
+    Key("attention_impl", "auto", attention.describe(), choices=attention.choices()),
 ]
-
-
-def check_attention_impl(cfg):
-    if cfg["attention_impl"] != "flex":
-        return
-    import torch
-    device = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
-    if flex_attention is None or not device.startswith("cuda"):
-        raise UserError(f"attention_impl=flex trains on CUDA only (torch {torch.__version__} has no FlexAttention "
-                        f"backward on {device.split(':')[0]}); use attention_impl=auto or sdpa")
-    if cfg["dropout"] > 0:
-        raise UserError(f"attention_impl=flex has no attention dropout (dropout={cfg['dropout']}): use dropout=0 or "
-                        f"attention_impl=sdpa")
 
 
 def _megatron_split_keys():

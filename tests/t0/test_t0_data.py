@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import TOK8192
 
-from model import document_mask
 from tinylab.core.errors import UserError
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.interop import hub
+from tinylab.nn.attention import document_mask
 from tinylab.t0 import data as T
 
 PAIRS = [("Is the sky blue?", "yes"), ("Question: who is the hero?", " Lily"), ("What is 2 plus 2?", "4"),

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model as shared_tiny_model
 
-from model import document_block_mask, document_mask, flex_attention
+from tinylab.nn.attention import document_block_mask, document_mask, flex_attention
 from tinylab.t0 import data as T
 
 V = 61
@@ -197,8 +197,8 @@ def test_attention_impl_resolution():
     assert model.packed_attention(torch.device("cuda")) == ("flex" if flex_attention is not None else "sdpa")
     model.attention_impl = "sdpa"
     assert model.packed_attention(torch.device("cuda")) == "sdpa"
-    model.attention_impl = "dense"
-    with pytest.raises(ValueError, match="attention_impl must be one of auto, sdpa, flex"):
+    model.attention_impl = "dens"
+    with pytest.raises(ValueError, match="attention_impl must be one of auto, dense, flex, sdpa, not 'dens'"):
         model.packed_attention(torch.device("cpu"))
     dropping = tiny_model().train()
     dropping.params.dropout = 0.1

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import linear_cross_entropy
 from tinylab.core.checkpoint import clean_state_dict
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
@@ -39,6 +38,7 @@ from tinylab.data.dataset_spec import (
 from tinylab.data.pretokenized import shard_paths
 from tinylab.eval.common import right_pad
 from tinylab.eval.lm_eval import LMEvaluator
+from tinylab.nn.fused_head import linear_cross_entropy
 
 # probe label j is STORY_FEATURES[j]; outputs name it as the raw feature (Twist, BadEnding, ...)
 LABEL_NAMES = [next(f for f in FEATURES if f.lower() == s) for s in STORY_FEATURES]

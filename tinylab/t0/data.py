@@ -2,7 +2,7 @@
 datasets -> tokenised (input, target) examples -> rows packed from the weighted mixture (best-fit
 decreasing over chunks of drawn examples, in a weight-balanced row order; or greedy next-fit)
 -> model batches with segment ids (the model attends within each example, causal or prefix-LM;
-model.document_mask), per-example position ids and target-only loss weights.
+tinylab.nn.attention.document_mask), per-example position ids and target-only loss weights.
 
     train, valid = load_mixture("data/t0/mixture.json")           # Source lists
     mixture = mixture_from_config(cfg)                            # or Megatron's --*-weighted-split-paths
