@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model as shared_tiny_model
 
-from tinylab.nn.attention import document_block_mask, document_mask, flex_attention
+from tinylab.nn.attention import ATTENTION, document_block_mask, document_mask, flex_attention
 from tinylab.t0 import data as T
 
 V = 61
-# every attention_impl that runs here; flex has no backward on the CPU (torch 2.13), so its
-# gradients are checked on CUDA only
-IMPLS = ["sdpa"] + (["flex"] if flex_attention is not None else [])
+# every attention backend that runs here (the registry's); flex has no backward on the CPU
+# (torch 2.13), so its gradients are checked on CUDA only
+IMPLS = [name for name in ATTENTION.names() if ATTENTION.get(name)().problem(0.0) is None]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -25,7 +25,7 @@ def tiny_model(seed=0, max_seq_len=64):
 
 
 def can_backward(impl, device):
-    return impl != "flex" or device == "cuda"
+    return ATTENTION.get(impl)().training_problem(device, 0.0) is None
 
 
 def packed_logits(model, batch, impl):
