@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from tinylab.nn.attention import ATTENTION, Attend, resolve
+from tinylab.nn.attention import ATTENTION, Attend, additive_mask, resolve
 from tinylab.nn.fused_head import linear_cross_entropy
 from tinylab.nn.precision import compute_dtype
 from tinylab.nn.sampling import KVCache, Windows, next_tokens, skip_draws
@@ -258,20 +258,26 @@ class Transformer(nn.Module):
         (tinylab/nn/attention/) and its mask, built once here. Packed rows (segment_ids) get the
         backend's own mask; an explicit attn_mask (B, T, S) is shared by all heads as
         (B, 1, T, S); none means causal."""
+        device = tokens.device
         if segment_ids is None:
-            backend = ATTENTION.get(resolve(self.attention_impl, tokens.device.type, self._attention_dropout()))()
+            backend = ATTENTION.get(resolve(self.attention_impl, device.type, self._attention_dropout()))()
             if attn_mask is not None and attn_mask.dim() == 3:
                 attn_mask = attn_mask.unsqueeze(1)
+            if attn_mask is not None and kv_cache is not None and attn_mask.dtype == torch.bool:
+                # decoding: made additive once here, where SDPA would convert it in every layer
+                attn_mask = additive_mask(attn_mask, self._attention_dtype(device))
             return Attend(backend, attn_mask)
         if attn_mask is not None or kv_cache is not None:
             raise ValueError("segment_ids make the attention mask: pass no attn_mask or kv_cache with them")
-        device = segment_ids.device
         backend = ATTENTION.get(self.packed_attention(device))()
-        # the attention's dtype, for an additive mask
+        return Attend(backend, backend.packed_mask(segment_ids, prefix_mask, self._attention_dtype(device)))
+
+    def _attention_dtype(self, device):
+        """The dtype the attention computes in, for an additive mask: the weights', or autocast's."""
         dtype = self.tok_embeddings.weight.dtype
         if torch.is_autocast_enabled(device.type) and dtype == torch.float32:
             dtype = torch.get_autocast_dtype(device.type)
-        return Attend(backend, backend.packed_mask(segment_ids, prefix_mask, dtype))
+        return dtype
 
     def _trunk(self, tokens, attn_mask=None, position_ids=None, kv_cache=None, collect=None,
                segment_ids=None, prefix_mask=None):
