@@ -45,6 +45,7 @@ from tinylab.data.dataset_spec import parse_spec  # noqa: E402
 from tinylab.data.pretokenize import pretokenize  # noqa: E402
 from tinylab.data.synthesize import synthesize  # noqa: E402
 from tinylab.eval.lm_eval import LMEvaluator  # noqa: E402
+from tinylab.nn.sampling import KVCache  # noqa: E402
 
 
 @torch.no_grad()
@@ -60,7 +61,7 @@ def old_generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt_
         valid = torch.ones(B, total, dtype=torch.bool, device=idx.device)
         valid[:, :T] = prompt_mask
     dtype = next(self.parameters()).dtype
-    cache = model_lib.KVCache(self.params, B, min(total, L), idx.device, dtype) if T < L else None
+    cache = KVCache(self.params, B, min(total, L), idx.device, dtype) if T < L else None
     out = idx
     for step in range(max_new_tokens):
         n = out.shape[1]

@@ -1,5 +1,5 @@
 """The output head + cross-entropy alone: the plain head (F.linear + F.cross_entropy, what
-`model(x, y)` computes) against the fused one (model.linear_cross_entropy, what the training
+`model(x, y)` computes) against the fused one (tinylab.nn.fused_head.linear_cross_entropy, what the training
 loop uses), eager and under torch.compile; time per forward + backward and peak memory.
 
     python bench/head.py [--tokens=4096] [--vocab=32000] [--dim=288] [--iters=5] [--repeats=1]
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.measure import peak_rss_mib, rss_mib  # noqa: E402
-from model import linear_cross_entropy  # noqa: E402
+from tinylab.nn.fused_head import linear_cross_entropy  # noqa: E402
 
 MODES = ("plain", "fused", "plain_compiled", "fused_compiled")
 

@@ -44,8 +44,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from optimizers import state_bytes, sync, time_steps  # noqa: E402  (bench/optimizers.py)
 
-from model import ModelArgs, Transformer, document_mask  # noqa: E402
+from model import ModelArgs, Transformer  # noqa: E402
 from tinylab.data.tokenizer import Tokenizer  # noqa: E402
+from tinylab.nn.attention import document_mask  # noqa: E402
 from tinylab.schema import FINETUNE_T0  # noqa: E402
 from tinylab.t0.batches import T0Batches, model_inputs  # noqa: E402
 from tinylab.t0.encode import ExampleEncoder, tokenize_rows  # noqa: E402

@@ -382,7 +382,7 @@ CASES = [
     Case("t0-dropout", "finetune_t0.py", lambda x: T0(x, dropout=1.5), "--dropout=1.5"),
     Case("t0-typo", "finetune_t0.py", lambda x: T0(x) + ["--mixtrue=x"], "unknown config key 'mixtrue'", "mixture"),
     Case("t0-lm-key", "finetune_t0.py", lambda x: T0(x) + ["--dim=64"], "unknown config key 'dim'"),
-    Case("t0-attention-impl", "finetune_t0.py", lambda x: T0(x, attention_impl="dense"), "--attention_impl='dense'",
+    Case("t0-attention-impl", "finetune_t0.py", lambda x: T0(x, attention_impl="dens"), "--attention_impl='dens'",
          "auto"),
     Case("t0-flex-on-cpu", "finetune_t0.py", lambda x: T0(x, attention_impl="flex"), "attention_impl=flex trains on "
          "CUDA only", "no FlexAttention backward on cpu"),

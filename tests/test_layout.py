@@ -4,6 +4,7 @@ nothing pointing outside the repository. Imports are read with `ast`, function-l
 import ast
 import glob
 import os
+import re
 import subprocess
 
 from conftest import REPO
@@ -112,3 +113,107 @@ def test_nothing_points_outside_the_repository():
         with open(os.path.join(REPO, rel), encoding="utf-8", errors="replace") as f:
             text = f.read()
         assert needle not in text, f"{rel} points to {needle}"
+
+
+# ---------------------------------------------------------------------- the library's layers and sizes
+
+# a folder of tinylab/ may import only the folders before it (model.py sits between nn and core):
+# nn holds the model's building blocks, eval sits on top of everything it evaluates
+LAYERS = ("nn", "model", "core", "interop", "data", "training", "growth", "t0", "eval")
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_MODEL_LINES = 600, 60, 500
+# modules that import nothing of the project but each other, so any layer may use them (the
+# registry, UserError)
+FOUNDATIONS = {"tinylab.core.registry", "tinylab.core.errors"}
+
+
+def layer_of(module: str):
+    """tinylab.<folder>.x -> folder, model -> model; None for tinylab/__init__ and tinylab/schema.py
+    (the programs' key sets: above every layer, imported by entry scripts and tests only)."""
+    if module == "model":
+        return "model"
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tinylab" and len(parts) > 2 and parts[1] in LAYERS else None
+
+
+def layer_violations(edges):
+    bad = [f"{m} imports {sorted(edges[m] - FOUNDATIONS)} (a module every layer uses imports nothing else)"
+           for m in sorted(FOUNDATIONS) if edges.get(m, set()) - FOUNDATIONS]
+    for m, targets in sorted(edges.items()):
+        own = layer_of(m)
+        for t in sorted(targets):
+            if own is not None and t == "tinylab.schema":
+                bad.append(f"{m} -> {t} (library code never imports the programs' key sets)")
+            other = layer_of(t)
+            if t in FOUNDATIONS:
+                continue
+            if own is not None and other is not None and other != own and LAYERS.index(other) > LAYERS.index(own):
+                bad.append(f"{m} -> {t} ({own} may not import {other})")
+    return bad
+
+
+def long_functions(text, name, limit=MAX_FUNCTION_LINES):
+    """Functions and methods of `text` longer than `limit` lines, from `def` to their last line."""
+    return [f"{name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(text, name)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+PRIVATE_TORCH = re.compile(r"torch\.ops\.(mkldnn|aten|quantized|prims|_\w+)\b|torch\._C\b|_reorder_linear_weight|"
+                           r"_linear_pointwise")
+
+
+def private_torch_uses(text, name):
+    return [f"{name}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if PRIVATE_TORCH.search(line)]
+
+
+def library_files():
+    return sorted(glob.glob(os.path.join(REPO, "tinylab", "**", "*.py"), recursive=True)) + [os.path.join(REPO, "model.py")]
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_folders_import_only_the_layers_below_them():
+    _, edges = graph()
+    bad = layer_violations(edges)
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_and_functions_stay_readable():
+    long_modules, long_defs = [], []
+    for path in library_files():
+        text, rel = read(path), os.path.relpath(path, REPO)
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{rel}: {text.count(chr(10))} lines")
+        long_defs += long_functions(text, rel)
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_defs, f"functions over {MAX_FUNCTION_LINES} lines: {long_defs}"
+    model_lines = read(os.path.join(REPO, "model.py")).count("\n")
+    assert model_lines <= MAX_MODEL_LINES, f"model.py is the architecture and generate only ({model_lines} lines)"
+
+
+def test_no_private_torch_ops():
+    """One code path on every device: nothing undocumented (torch.ops.mkldnn.*, torch._C)."""
+    paths = library_files() + [p for d in ("", "evaluation", "bench", "experiments", "dataset_gen")
+                               for p in sorted(glob.glob(os.path.join(REPO, d, "*.py")))]
+    found = [use for p in paths for use in private_torch_uses(read(p), os.path.relpath(p, REPO))]
+    assert not found, "private torch ops:\n" + "\n".join(found)
+
+
+def test_the_layout_rules_can_fail():
+    """Each rule above sees a violation when there is one."""
+    assert layer_of("tinylab.eval.common") == "eval" and layer_of("tinylab.schema") is None
+    assert layer_violations({"tinylab.nn.sampling": {"model"}, "tinylab.core.checkpoint": {"model"},
+                             "tinylab.t0.batches": {"tinylab.schema"}, "tinylab.nn.fused_head": {"tinylab.core.errors"},
+                             "tinylab.core.errors": set()}) == [
+        "tinylab.nn.sampling -> model (nn may not import model)",
+        "tinylab.t0.batches -> tinylab.schema (library code never imports the programs' key sets)"]
+    assert layer_violations({"tinylab.nn.x": {"tinylab.core.registry"}, "tinylab.core.registry": {"tinylab.core.config"}}) == [
+        "tinylab.core.registry imports ['tinylab.core.config'] (a module every layer uses imports nothing else)"]
+    body = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert long_functions(body, "a.py") == [f"a.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions("def g():\n    pass\n", "b.py") == []
+    assert private_torch_uses("w = torch.ops.mkldnn._reorder_linear_weight(w)\ny = torch.mm(a, b)\n", "c.py") == [
+        "c.py:1: w = torch.ops.mkldnn._reorder_linear_weight(w)"]

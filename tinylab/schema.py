@@ -15,7 +15,6 @@ cross-key rules live beside their keys; a program's schema lists the ones it run
 (parsing, validation, --help) is tinylab/core/config.py's; everything is checked before a run
 writes anything. Library code never imports this module (only the entry scripts and tests do).
 """
-from model import ATTENTION_IMPLS, flex_attention
 from tinylab.core.config import COUNT, NONNEG, Key, Schema
 from tinylab.core.errors import UserError
 from tinylab.core.run_keys import (
@@ -36,6 +35,8 @@ from tinylab.eval.probes import HEADS_KEYS, check_heads
 from tinylab.growth.options import GROW_SECTIONS, GROWTH_KEYS
 from tinylab.growth.plan.options import PLAN_SECTION
 from tinylab.growth.schedule import check_growth
+from tinylab.nn import attention
+from tinylab.nn.attention import check_attention_impl
 from tinylab.t0.options import (
     PRESET_EXTRAS,
     T0_DATA,
@@ -84,23 +85,9 @@ TRAIN = Schema("train.py", [
 
 # ---------------------------------------------------------------------- finetune_t0.py
 
-# finetune_t0.py's own keys and their rules are declared in tinylab/t0/options.py; attention_impl is the model's
-ATTENTION_IMPL = Key("attention_impl", "auto", "packed rows' attention, built from their segment ids at each forward: "
-                     "sdpa (a mask per forward) | flex (FlexAttention's block mask; CUDA: torch has no flex backward "
-                     "on the CPU) | auto = flex on CUDA, sdpa elsewhere", choices=ATTENTION_IMPLS)
-
-
-def check_attention_impl(cfg):
-    if cfg["attention_impl"] != "flex":
-        return
-    import torch
-    device = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
-    if flex_attention is None or not device.startswith("cuda"):
-        raise UserError(f"attention_impl=flex trains on CUDA only (torch {torch.__version__} has no FlexAttention "
-                        f"backward on {device.split(':')[0]}); use attention_impl=auto or sdpa")
-    if cfg["dropout"] > 0:
-        raise UserError(f"attention_impl=flex has no attention dropout (dropout={cfg['dropout']}): use dropout=0 or "
-                        f"attention_impl=sdpa")
+# finetune_t0.py's own keys and their rules are declared in tinylab/t0/options.py; attention_impl is the
+# model's: its choices and words come from the backends' registry (tinylab/nn/attention/)
+ATTENTION_IMPL = Key("attention_impl", "auto", attention.describe(), choices=attention.choices())
 
 
 def check_t0(cfg):

@@ -1,4 +1,4 @@
-"""The fused head + cross-entropy (model.linear_cross_entropy) in every mode: fp32, CPU bf16 /
+"""The fused head + cross-entropy (tinylab.nn.fused_head.linear_cross_entropy) in every mode: fp32, CPU bf16 /
 fp16 autocast and torch.compile, against the plain head (F.linear + F.cross_entropy, what
 `model(x, y)` computes); and that it never allocates a (tokens, vocab) tensor.
 (fp64 exactness, weights and ignored targets: tests/model/test_model.py.)"""
@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import model as model_lib
+from tinylab.nn import fused_head
 
 # tiny shapes, where an (N, V) tensor would be the biggest one in sight: N = 48 tokens > dim = 32,
 # V = 257 > the SwiGLU width (96)
@@ -21,7 +21,7 @@ N = X.numel()
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     # 7 rows per chunk: several chunks and a ragged last one
-    monkeypatch.setattr(model_lib, "_head_chunk_rows", lambda vocab: 7)
+    monkeypatch.setattr(fused_head, "_head_chunk_rows", lambda vocab: 7)
 
 
 def tiny(**kw):

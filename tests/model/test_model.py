@@ -1,6 +1,5 @@
 """model.py against independent references: a plain-math forward pass written here, no-cache
 decoding, llama2.c's checkpoint keys."""
-import contextlib
 import math
 
 import numpy as np
@@ -9,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-import model as model_lib
 from model import ModelArgs, Transformer
 from tinylab.core import checkpoint as ckpt_lib
+from tinylab.nn import fused_head, sampling
+from tinylab.nn.sampling import KVCache, sample_tokens
 
 
 def tiny(n_kv_heads=None, tie=True, **kw):
@@ -116,8 +116,7 @@ def test_fused_head_loss_matches_logits_and_cross_entropy(monkeypatch, weighted,
     """return_logits=False fuses the head matmul and the loss, chunk by chunk (7 rows here, so
     several chunks): loss and every gradient equal F.linear + F.cross_entropy, also when the
     loss is scaled before backward (gradient accumulation, GradScaler)."""
-    import model as model_lib
-    monkeypatch.setattr(model_lib, "_head_chunk_rows", lambda vocab: 7)
+    monkeypatch.setattr(fused_head, "_head_chunk_rows", lambda vocab: 7)
     m = tiny(tie=tie).train()
     x = torch.randint(0, 67, (3, 11))
     y = torch.randint(0, 67, (3, 11))
@@ -138,8 +137,8 @@ def test_fused_head_loss_matches_logits_and_cross_entropy(monkeypatch, weighted,
     for g, r in zip(grads, ref_grads):
         assert torch.allclose(g, r, rtol=0, atol=1e-13)
     # evaluation: the same loss, and no gradients computed
-    asked, chunked = [], model_lib._chunked_cross_entropy
-    monkeypatch.setattr(model_lib, "_chunked_cross_entropy", lambda *a: asked.append(a[4:6]) or chunked(*a))
+    asked, chunked = [], fused_head._chunked_cross_entropy
+    monkeypatch.setattr(fused_head, "_chunked_cross_entropy", lambda *a: asked.append(a[4:6]) or chunked(*a))
     with torch.no_grad():
         m(x, y, loss_weights=w, return_logits=False)
     assert abs(m.last_loss.item() - ref_loss.item()) < 1e-12 and asked == [(False, False)]
@@ -229,7 +228,7 @@ def reference_generate(m, prompts, new, temperature=0.0, top_k=None, generator=N
             logits = logits.float() / temperature
             if top_k is not None:
                 logits[logits < torch.topk(logits, top_k).values[:, [-1]]] = -float("inf")
-            tokens = model_lib.sample_tokens(F.softmax(logits, -1), generator)[:, 0]
+            tokens = sample_tokens(F.softmax(logits, -1), generator)[:, 0]
         for i, t in enumerate(tokens.tolist()):
             if not done[i]:
                 gen[i].append(t)
@@ -252,17 +251,17 @@ def test_sample_tokens_inverts_each_rows_cdf():
     u = torch.rand(64, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     cdf = np.cumsum(probs.double().numpy(), axis=1)
     want = [int(np.searchsorted(c, x * c[-1], side="right")) for c, x in zip(cdf, u[:, 0].numpy())]
-    got = model_lib.sample_tokens(probs, g)
+    got = sample_tokens(probs, g)
     assert got.shape == (64, 1) and got.dtype == torch.long and got[:, 0].tolist() == want
     # u = 1 - 2**-53 makes u * total round to total: still the last nonzero entry, not a zero one
     high = torch.full((1, 1), 1 - 2.0 ** -53, dtype=torch.float64)
     row = torch.tensor([[0.25, 0.0, 0.75, 0.0, 0.0]])
     from unittest import mock
-    with mock.patch.object(model_lib, "_uniforms", lambda n, device, generator: high.expand(n, 1)):
-        assert model_lib.sample_tokens(row.expand(3, 5).contiguous())[:, 0].tolist() == [2, 2, 2]
+    with mock.patch.object(sampling, "_uniforms", lambda n, device, generator: high.expand(n, 1)):
+        assert sample_tokens(row.expand(3, 5).contiguous())[:, 0].tolist() == [2, 2, 2]
     p = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
     n = 200_000
-    draws = model_lib.sample_tokens(p.expand(n, 5).contiguous(), torch.Generator().manual_seed(0))[:, 0]
+    draws = sample_tokens(p.expand(n, 5).contiguous(), torch.Generator().manual_seed(0))[:, 0]
     counts = torch.bincount(draws, minlength=5).double()
     assert counts[1] == counts[4] == 0
     sigma = (n * p * (1 - p)).sqrt().double()
@@ -277,168 +276,71 @@ def test_generate_refuses_nan_logits():
         m.generate(torch.randint(0, 67, (2, 5)), 4, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16, 64, 65])
-def test_few_rows_linear_equals_the_module(rows):
-    """model.linear: a few rows without autograd on the CPU go through (W @ x^T)^T, the same
-    values as the module to fp32 rounding; with autograd or many rows it is the module itself."""
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(96, 200, bias=False)
-    x = torch.randn(rows, 1, 96)
-    with torch.no_grad():
-        out = model_lib.linear(layer, x)
-        ref = x.double() @ layer.weight.double().t()
-    assert out.shape == (rows, 1, 200) and out.is_contiguous()
-    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
-    calls = []
-    layer.register_forward_hook(lambda *a: calls.append(1))
-    with torch.no_grad():
-        model_lib.linear(layer, x)
-    assert len(calls) == (0 if rows <= model_lib.FEW_ROWS else 1)
-    y = model_lib.linear(layer, x.requires_grad_())  # training: the module (and its hooks)
-    assert len(calls) == (1 if rows <= model_lib.FEW_ROWS else 2) and y.requires_grad
-
-
-@contextlib.contextmanager
-def mkldnn_enabled(on):
-    """torch.backends.mkldnn.enabled set to `on` for the block (its flags() also sets TF32 and
-    warns about it)."""
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = on
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before
-
-
-def decode_steps(m, tokens, prompt, fast, **kw):
-    """Logits of forward's one-token steps over a KV cache after a `prompt`-token prefill, with
-    the decoding path forced on or off (KVCache.decodes_fast), under no_grad; every third step
-    unmasked, every other one at explicit positions."""
-    B, n = tokens.shape[0], tokens.shape[1] - prompt
-    cache = model_lib.KVCache(m.params, B, tokens.shape[1], "cpu", next(m.parameters()).dtype)
-    cache.key_valid[0, :3] = False  # row 0 never sees its first three positions
+def decode_steps(m, tokens, prompt):
+    """Logits of forward's one-token steps over a KV cache after a `prompt`-token prefill, under
+    no_grad, with the (B, N, N) mask and (B, N) positions that the whole sequence had: row 0 never
+    sees its first three positions from the first step on, every third step is unmasked (every
+    earlier key), every other one is at an explicit position (one below the default)."""
+    B, N = tokens.shape
+    cache = KVCache(m.params, B, N, "cpu", next(m.parameters()).dtype)
+    cache.key_valid[0, :3] = False
+    mask = torch.ones(N, N, dtype=torch.bool).tril().repeat(B, 1, 1)
+    positions = torch.arange(N).repeat(B, 1)
     out = []
     with torch.no_grad():
         m(tokens[:, :prompt], kv_cache=cache)
-        cache.decodes_fast = fast
-        for s in range(n):
-            mask = cache.key_valid[:, None, :cache.filled(1)] if s % 3 else None
-            mask = mask[:, None] if s % 3 == 2 else mask  # (B, 1, S) and (B, 1, 1, S)
-            pos = torch.full((B, 1), prompt + s - 1) if s % 2 else None
-            out.append(m(tokens[:, prompt + s:prompt + s + 1], attn_mask=mask, position_ids=pos, kv_cache=cache, **kw))
-    return torch.cat(out, 1)
+        for s in range(N - prompt):
+            n = prompt + s
+            step_mask = cache.key_valid[:, None, :cache.filled(1)] if s % 3 else None
+            if step_mask is not None:
+                mask[:, n, :n + 1] = step_mask[:, 0]
+            step_mask = step_mask[:, None] if s % 3 == 2 else step_mask  # (B, 1, S) and (B, 1, 1, S)
+            pos = torch.full((B, 1), n - 1) if s % 2 else None
+            if pos is not None:
+                positions[:, n] = n - 1
+            out.append(m(tokens[:, n:n + 1], attn_mask=step_mask, position_ids=pos, kv_cache=cache))
+    return torch.cat(out, 1), mask, positions
 
 
 @pytest.mark.parametrize("dtype,kv", [(torch.float64, None), (torch.float64, 2), (torch.float32, 2), (torch.bfloat16, None)])
-@pytest.mark.parametrize("onednn", [True, False])
-def test_one_token_decoding_equals_the_modules(dtype, kv, onednn):
-    """forward's one-token steps over a KV cache on the CPU without autograd run
-    Transformer._decode_step (no modules), with and without masks and explicit positions, with
-    shared kv heads. With linear's W @ x^T products (fp64, or mkldnn switched off) its logits
-    are the modules' bit for bit; with oneDNN's packed products (fp32, bf16) fp32's agree to
-    fp32 rounding and bf16's bit for bit."""
+def test_one_token_decoding_equals_the_whole_sequence(dtype, kv):
+    """forward's one-token steps over a KV cache, with and without masks and explicit positions,
+    with shared kv heads, give the logits of the whole sequence computed at once with the same
+    mask and positions: in fp64 the plain-math reference's (to 1e-6: the model's RoPE tables are
+    fp32, and sharp() magnifies their rounding; a wrong position or mask moves logits by ~0.1),
+    in fp32 and bf16 the uncached forward's in the same dtype (to its rounding)."""
     m = sharp(tiny(kv)).to(dtype)
     tokens = torch.randint(0, 67, (5, 30), generator=torch.Generator().manual_seed(0))
-    with mkldnn_enabled(onednn):
-        fast, modules = decode_steps(m, tokens, 8, True), decode_steps(m, tokens, 8, False)
-    assert fast.shape == (5, 22, 67) and fast.dtype == dtype
-    if onednn and dtype == torch.float32:
-        assert torch.allclose(fast, modules, rtol=1e-5, atol=1e-6)
+    steps, mask, positions = decode_steps(m, tokens, 8)
+    assert steps.shape == (5, 22, 67) and steps.dtype == dtype
+    if dtype == torch.float64:
+        ref = reference_logits(m, tokens, positions, mask)[:, 8:]
+        assert torch.allclose(steps, ref, rtol=0, atol=1e-6), (steps - ref).abs().max()
     else:
-        assert torch.equal(fast, modules)
-    assert torch.allclose(fast[:, :1].double(), m(tokens[:, :9], all_logits=True)[:, -1:].double(), atol=1e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_few_row_products(dtype):
-    """FewRowProducts: oneDNN's packed products in fp32 and bf16 (the pinned CPU torch has
-    oneDNN), x @ W^T to rounding; a weight changed in place is packed again; fp64, mkldnn
-    switched off and CPU autocast multiply as linear does, bit for bit."""
-    assert model_lib._onednn_products()
-    g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(300, 96, generator=g).to(dtype), torch.randn(6, 96, generator=g).to(dtype)
-    products = model_lib.FewRowProducts(6, dtype)
-    assert products.onednn == (dtype != torch.float64)
-    out = products(w, x)
-    assert out.shape == (6, 300) and out.dtype == dtype
-    ref = x.double() @ w.double().t()
-    assert torch.allclose(out.double(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
-    if not products.onednn:
-        assert torch.equal(out, torch.mm(w, x.t()).t())
-    with torch.no_grad():
-        w.mul_(2)  # exact: the new product is twice the old one, bit for bit
-    assert torch.equal(products(w, x), 2 * out)
-    with mkldnn_enabled(False):
-        plain = model_lib.FewRowProducts(6, dtype)
-    assert not plain.onednn and torch.equal(plain(w, x), torch.mm(w, x.t()).t())
-    if dtype == torch.float32:  # under CPU autocast: torch.mm's own cast to bf16
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            cast, ref = model_lib.FewRowProducts(6, dtype)(w, x), torch.mm(w, x.t()).t()
-        assert cast.dtype == torch.bfloat16 and torch.equal(cast, ref)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("onednn", [True, False])
-def test_few_row_products_of_several_weights_at_once(dtype, onednn):
-    """A tuple of weights (wq, wk, wv; w1, w3) is one product over their concatenation: the
-    outputs side by side, each the same bit for bit as that weight's own product; changing
-    one of them in place concatenates (and packs) again."""
-    g = torch.Generator().manual_seed(1)
-    ws = tuple(torch.randn(n, 96, generator=g).to(dtype) for n in (64, 64, 32))
-    x = torch.randn(5, 96, generator=g).to(dtype)
-    with mkldnn_enabled(onednn):
-        products = model_lib.FewRowProducts(5, dtype)
-        fused = products(ws, x)
-        assert fused.shape == (5, 160)
-        assert torch.equal(fused, torch.cat([products(w, x) for w in ws], 1))
         with torch.no_grad():
-            ws[1].mul_(2)
-        again = products(ws, x)
-        assert torch.equal(again[:, 64:128], 2 * fused[:, 64:128]) and torch.equal(again[:, :64], fused[:, :64])
+            whole = m(tokens, attn_mask=mask, position_ids=positions, all_logits=True)[:, 8:]
+        tol = 1e-5 if dtype == torch.float32 else 0.05
+        assert torch.allclose(steps.double(), whole.double(), rtol=tol, atol=tol * whole.abs().max().item())
 
 
-def test_one_token_decoding_goes_through_the_modules_where_it_must():
-    """The decoding path skips the submodules' calls, so it is taken only where nothing needs
-    them: a hook on a block, autograd, dropout in training, or more than FEW_ROWS rows send the
-    step through the modules (the hook fires for every step); a hook on the model itself still
-    fires on the fast path."""
+def test_decoding_runs_through_the_modules():
+    """Generation has one path: the prefill and every one-token step are the model's own forward
+    through its modules, so hooks on the model and on any submodule fire at every step, and a
+    step under autograd records a graph."""
     m = tiny(2)
     tokens = torch.randint(0, 67, (2, 12), generator=torch.Generator().manual_seed(1))
     calls = []
-    fast_steps = []
-    real = model_lib.Transformer._decode_step
-
-    def spy(self, *a):
-        fast_steps.append(1)
-        return real(self, *a)
-
-    from unittest import mock
-    with mock.patch.object(model_lib.Transformer, "_decode_step", spy):
-        root = m.register_forward_hook(lambda *a: calls.append("root"))
-        m.generate(tokens, 5, temperature=0.0)
-        assert len(fast_steps) == 4 and calls.count("root") == 5  # prefill + 4 one-token steps
-        root.remove()
-        hook = m.layers[1].feed_forward.register_forward_hook(lambda *a: calls.append("ffn"))
-        m.generate(tokens, 5, temperature=0.0)
-        assert len(fast_steps) == 4 and calls.count("ffn") == 5
-        hook.remove()
-        cache = model_lib.KVCache(m.params, 2, 13, "cpu", torch.float64)
-        with torch.no_grad():
-            m(tokens, kv_cache=cache)
-        out = m(tokens[:, :1], kv_cache=cache)  # autograd on: the modules, and a graph
-        assert len(fast_steps) == 4 and out.requires_grad
-        dropped = tiny(2, dropout=0.5).train()
-        cache = model_lib.KVCache(dropped.params, 2, 13, "cpu", torch.float64)
-        with torch.no_grad():
-            dropped(tokens, kv_cache=cache)
-            dropped(tokens[:, :1], kv_cache=cache)
-        assert len(fast_steps) == 4
-        with torch.no_grad():
-            dropped.eval()(tokens[:, :1], kv_cache=cache)
-        assert len(fast_steps) == 5
-        many = torch.randint(0, 67, (model_lib.FEW_ROWS + 1, 6))  # more rows: linear's x @ W^T too
-        m.generate(many, 3, temperature=0.0)
-        assert len(fast_steps) == 5
+    root = m.register_forward_hook(lambda *a: calls.append("root"))
+    ffn = m.layers[1].feed_forward.register_forward_hook(lambda *a: calls.append("ffn"))
+    m.generate(tokens, 5, temperature=0.0)
+    assert calls.count("root") == calls.count("ffn") == 5  # prefill + 4 one-token steps
+    root.remove()
+    ffn.remove()
+    cache = KVCache(m.params, 2, 13, "cpu", torch.float64)
+    with torch.no_grad():
+        m(tokens, kv_cache=cache)
+    out = m(tokens[:, :1], kv_cache=cache)  # autograd on: a graph
+    assert out.requires_grad
 
 
 def sharp(m):
@@ -560,7 +462,6 @@ def test_the_batch_stops_when_every_row_has_ended():
 
 
 def test_kv_cache_ring_refuses_a_write_past_its_end():
-    from model import KVCache
     m = tiny()
     cache = KVCache(m.params, 1, 8, "cpu", torch.float64)
     cache.length = 5

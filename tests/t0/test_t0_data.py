@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import TOK8192
 
-from model import document_mask
 from tinylab.core.errors import UserError
 from tinylab.data.tokenizer import Tokenizer
 from tinylab.interop import hub
+from tinylab.nn.attention import document_mask
 from tinylab.t0.batches import loss_weights, position_ids, shift
 from tinylab.t0.encode import ExampleEncoder, Examples, tokenize_rows
 from tinylab.t0.mixture import Source, check_range_overlap, load_mixture, resolve_weights

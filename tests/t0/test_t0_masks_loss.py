@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model as shared_tiny_model
 
-from model import document_block_mask, document_mask, flex_attention
+from tinylab.nn.attention import ATTENTION, document_block_mask, document_mask, flex_attention
 from tinylab.t0.batches import T0Batches, loss_weights, model_inputs
 from tinylab.t0.encode import Examples
 from tinylab.t0.packing import PackedStream, rows_to_arrays
 
 V = 61
-# every attention_impl that runs here; flex has no backward on the CPU (torch 2.13), so its
-# gradients are checked on CUDA only
-IMPLS = ["sdpa"] + (["flex"] if flex_attention is not None else [])
+# every attention backend that runs here (the registry's); flex has no backward on the CPU
+# (torch 2.13), so its gradients are checked on CUDA only
+IMPLS = [name for name in ATTENTION.names() if ATTENTION.get(name)().problem(0.0) is None]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -27,7 +27,7 @@ def tiny_model(seed=0, max_seq_len=64):
 
 
 def can_backward(impl, device):
-    return impl != "flex" or device == "cuda"
+    return ATTENTION.get(impl)().training_problem(device, 0.0) is None
 
 
 def packed_logits(model, batch, impl):
@@ -199,8 +199,8 @@ def test_attention_impl_resolution():
     assert model.packed_attention(torch.device("cuda")) == ("flex" if flex_attention is not None else "sdpa")
     model.attention_impl = "sdpa"
     assert model.packed_attention(torch.device("cuda")) == "sdpa"
-    model.attention_impl = "dense"
-    with pytest.raises(ValueError, match="attention_impl must be one of auto, sdpa, flex"):
+    model.attention_impl = "dens"
+    with pytest.raises(ValueError, match="attention_impl must be one of auto, dense, flex, sdpa, not 'dens'"):
         model.packed_attention(torch.device("cpu"))
     dropping = tiny_model().train()
     dropping.params.dropout = 0.1

@@ -19,13 +19,13 @@ and the fused head's fp32 sums, A = P for activations (2 under bf16 / fp16 autoc
                      checkpointing N x (n_layers x dim + 10 dim + 4 hidden) x A: every block's
                      input, and one block recomputed in backward
   fused head         N x dim x (3 A + P)  (embedding output, final norm, d/dh) + vocab x dim x P
-                     (d/dW) + one chunk of logits, rows x vocab x P (model._head_chunk_rows)
+                     (d/dW) + one chunk of logits, rows x vocab x P (tinylab/nn/fused_head.py: _head_chunk_rows)
   RoPE tables        max_seq_len x head_dim x 4 (cos and sin, fp32)
   batch buffers      train.py: 4 int64 arrays of batch_size x (max_seq_len + 1) (the loader's window
                      gather, its index, x, y) and the uint16 windows read from the mmap;
                      finetune_t0.py: every micro-batch of an optimizer step at once (tokens,
                      targets, segment and position ids, loss weights) and the packed rows
-  packed-rows mask   finetune_t0.py with SDPA: batch_size x max_seq_len^2 x A (additive mask)
+  packed-rows mask   finetune_t0.py with SDPA or dense: batch_size x max_seq_len^2 x A (additive mask)
   loss evaluation    eval_batch_size x (max_seq_len + 1) int64 windows (no gradients)
   generation         generation_batch_size x min(max_seq_len, max_new_tokens) x n_layers x 2 x
                      kv_dim x P (the KV cache) and the prompt windows
@@ -50,10 +50,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from tinylab.core.errors import UserError
+from tinylab.nn.attention import ATTENTION, resolve
 
 GiB = 2 ** 30
 BLOCK_DIM, BLOCK_HIDDEN = 10, 4  # per token, elements each block keeps for backward: 10 dim + 4 hidden
-HEAD_CHUNK_LOGITS, HEAD_MIN_ROWS = 1 << 22, 1024  # model._head_chunk_rows: ~4M logits, >= 1024 rows
+HEAD_CHUNK_LOGITS, HEAD_MIN_ROWS = 1 << 22, 1024  # nn/fused_head.py _head_chunk_rows: ~4M logits, >= 1024 rows
 # the base8M configuration (configs/base8M.py's shape, the schema's defaults): the yardstick for
 # which key of a term is outsized
 REFERENCE = {"dim": 288, "n_layers": 6, "vocab_size": 8192, "hidden_dim": 768, "batch_size": 128,
@@ -263,7 +264,7 @@ class TrainingLoad:
     eval_rows: int  # eval_batch_size (0 = batch_size)
     generation_rows: int  # generation_batch_size when the run generates, else 0
     new_tokens: int  # max_new_tokens
-    sdpa: bool  # attention_impl=sdpa (packed rows get an additive mask)
+    attention_impl: str  # the packed rows' attention backend (or auto): whether they get a dense mask
 
     @classmethod
     def from_config(cls, cfg) -> "TrainingLoad":
@@ -275,7 +276,7 @@ class TrainingLoad:
                    activation_checkpointing=bool(cfg.get("activation_checkpointing")),
                    eval_rows=cfg.get("eval_batch_size") or 0,
                    generation_rows=cfg["generation_batch_size"] if generates else 0,
-                   new_tokens=cfg.get("max_new_tokens", 0), sdpa=cfg.get("attention_impl") == "sdpa")
+                   new_tokens=cfg.get("max_new_tokens", 0), attention_impl=cfg.get("attention_impl", "auto"))
 
 
 def optimizer_state(shape: Shape, load: TrainingLoad, pb, shard=1) -> Term:
@@ -291,7 +292,7 @@ def optimizer_state(shape: Shape, load: TrainingLoad, pb, shard=1) -> Term:
 def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=False, packed=False, packed_mask=False):
     """The larger of training's and the evaluations' peaks, per process, for cfg's batch_size and
     max_seq_len. `packed`: finetune_t0.py's batches (every micro-batch of a step at once);
-    `packed_mask`: its SDPA mask."""
+    `packed_mask`: its dense attention mask (SDPA's, dense's)."""
     load = TrainingLoad.from_config(cfg)
     pb, ab = _bytes(dtype)
     shard = world_size if fsdp else 1  # FSDP: parameters, gradients and state sharded over the processes
@@ -357,7 +358,9 @@ def check_training(cfg, run, shape: Shape, packed=False):
     module docstring). `shape`: Shape.from_config, or a checkpoint's (resume, the T0 base)."""
     if shape is None:
         return
-    packed_mask = packed and (TrainingLoad.from_config(cfg).sdpa or run.device_type != "cuda")
+    # the backend packed rows attend with: whether it builds the dense (B, 1, T, T) mask
+    impl = resolve(TrainingLoad.from_config(cfg).attention_impl, run.device_type, cfg.get("dropout", 0.0))
+    packed_mask = packed and ATTENTION.get(impl).dense_packed_mask
     est = training_estimate(cfg, shape, run.dtype, run.dist.world_size, run.fsdp, packed, packed_mask)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if run.dist.enabled else 1
     check(est, run.device, processes=local)

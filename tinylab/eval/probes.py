@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import linear_cross_entropy
 from tinylab.core.checkpoint import clean_state_dict
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
@@ -40,6 +39,7 @@ from tinylab.data.records import FEATURES, STORY_FEATURES
 from tinylab.data.template import feature_labels, header_end, header_fields
 from tinylab.eval.common import right_pad
 from tinylab.eval.lm_eval import LMEvaluator
+from tinylab.nn.fused_head import linear_cross_entropy
 
 # probe label j is STORY_FEATURES[j]; outputs name it as the raw feature (Twist, BadEnding, ...)
 LABEL_NAMES = [next(f for f in FEATURES if f.lower() == s) for s in STORY_FEATURES]

@@ -1,5 +1,5 @@
 """T0 model batches (docs/t0.md §5-6): packed rows -> forward() arguments with segment ids (the
-model attends within each example, causal or prefix-LM; model.document_mask), per-example
+model attends within each example, causal or prefix-LM; tinylab.nn.attention.document_mask), per-example
 position ids and target-only loss weights; T0Batches, the Trainer's batch source.
 
     batch, label_mask, label_seg = model_inputs(*arrays, prefixlm, device)
