@@ -15,8 +15,8 @@ cross-key rules live beside their keys; a program's schema lists the ones it run
 (parsing, validation, --help) is tinylab/core/config.py's; everything is checked before a run
 writes anything. Library code never imports this module (only the entry scripts and tests do).
 """
+from tinylab.core.compat import COMPAT, apply_compat
 from tinylab.core.config import COUNT, NONNEG, Key, Schema
-from tinylab.core.errors import UserError
 from tinylab.core.run_keys import (
     DEVICE,
     INIT,
@@ -69,8 +69,14 @@ LM_DATA = [
 ]
 
 
+def train_family(cfg) -> str:
+    """The original compat=original reproduces for a train.py run: the TinyStories study's train.py."""
+    return "study"
+
+
 def prepare_train(cfg):
-    return apply_optimizer_preset(cfg, TRAIN.defaults())
+    defaults = TRAIN.defaults()
+    return apply_compat(apply_optimizer_preset(cfg, defaults), defaults, train_family(cfg))
 
 
 TRAIN = Schema("train.py", [
@@ -78,6 +84,7 @@ TRAIN = Schema("train.py", [
     ("probes and lenses: heads trained on the frozen model", HEADS_KEYS), ("optimizer and schedule", OPTIMIZER_KEYS),
     ("Adafactor", ADAFACTOR_KEYS), ("staged training: growth inside the run", GROWTH_KEYS),
     ("generation evaluation", GENERATION_KEYS), ("system", SYSTEM_KEYS),
+    ("the original codebases' behaviour (docs/originals.md)", [COMPAT]),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
        check_heads, check_parallelism],
     prepare=prepare_train)
@@ -102,7 +109,7 @@ def prepare_t0(cfg):
     for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
         if cfg[key] == defaults[key]:
             out[key] = value
-    return out
+    return apply_compat(out, defaults, "t0")
 
 
 FINETUNE_T0 = TRAIN.derive(
