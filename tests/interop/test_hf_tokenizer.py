@@ -8,7 +8,7 @@ import random
 
 import pytest
 import sentencepiece as spm
-from conftest import LLAMA2_TOKENIZER, TOK8192, WIKITEXT, assert_one_line_error, run_main
+from conftest import LLAMA2_TOKENIZER, TOK8192, WIKITEXT
 from conftest import tiny_model as shared_tiny_model
 
 from tinylab.core.errors import UserError
@@ -133,29 +133,6 @@ def test_merges_follow_piece_scores():
     assert {a + b for a, b in merges} == {p for p in score if len(p) > 1}
 
 
-def test_refuses_what_it_cannot_convert_exactly(tmp_path, stories):
-    """A unigram model, another normalization rule or user-defined symbols: one error line from
-    export.py, nothing written."""
-    from conftest import save_tiny_checkpoint
-    ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", shared_tiny_model(vocab_size=400))
-    cases = [
-        ("unigram", dict(model_type="unigram"), "it is a unigram model"),
-        ("nfkc_cf", dict(normalization_rule_name="nfkc_cf"), "its normalization rule is 'nfkc_cf'"),
-        ("user", dict(user_defined_symbols=["<sep>"]), "user-defined symbols"),
-    ]
-    for name, options, fragment in cases:
-        model_path = train_spm(tmp_path, name, stories, **options)
-        out = tmp_path / f"hf_{name}"
-        proc = run_main("export.py", [str(out), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={model_path}"])
-        assert_one_line_error(proc, f"cannot convert {model_path} to a Hugging Face tokenizer", fragment)
-        assert not out.exists(), name
-    garbage = tmp_path / "garbage.model"
-    garbage.write_bytes(b"\xff\x00 not a protobuf")
-    with pytest.raises(UserError, match="not a sentencepiece model"):
-        hf_tokenizer.tokenizer_files(str(garbage), 64)
-    assert not [p for p in os.listdir(tmp_path) if p.startswith((".tmp", "hf_"))]
-
-
 def test_export_folder_holds_the_tokenizer_files(tmp_path):
     model = shared_tiny_model(vocab_size=8192, max_seq_len=32)
     out = tmp_path / "hf"
@@ -169,3 +146,24 @@ def test_export_folder_holds_the_tokenizer_files(tmp_path):
     with pytest.raises(UserError, match="already holds other files"):
         hf.export_hf(model, str(out), tokenizer=TOK8192, log=lambda *a: None)
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_lm_eval_hf_model_reads_the_export(tmp_path):
+    """lm-eval's `--model hf` (HFLM) loads the folder and scores continuations as our model does on
+    sentencepiece's ids (the reference: log-softmax of our logits, summed over the continuation)."""
+    pytest.importorskip("lm_eval")
+    import torch
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    model = shared_tiny_model(seed=3, vocab_size=8192, max_seq_len=64, tie_embeddings=False).eval()
+    hf.export_hf(model, str(tmp_path / "hf"), tokenizer=TOK8192, log=lambda *a: None)
+    lm = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, dtype="float32")
+    pairs = [("Once upon a time", " there was a girl."), ("Features: Twist\nStory:", " Lily  liked\tto play. 🙂")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])
+    sp = spm.SentencePieceProcessor(model_file=TOK8192)
+    for (context, continuation), (logprob, _) in zip(pairs, got):
+        whole, n_context = [sp.bos_id()] + sp.encode(context + continuation), 1 + len(sp.encode(context))
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([whole]), all_logits=True)[0].double(), -1)
+        want = sum(lp[i - 1, whole[i]].item() for i in range(n_context, len(whole)))
+        assert abs(logprob - want) < 1e-4 * abs(want), (context, logprob, want)
