@@ -21,6 +21,9 @@ leaves something that looks finished. Bad input is one `error: ...` line and exi
 work starts.
 """
 import argparse
+import contextlib
+import io
+import sys
 
 from tinylab.core.compat import COMPAT, apply_compat
 from tinylab.core.config import ArgParser
@@ -82,6 +85,15 @@ def study_compat(compat, options) -> dict:
     return {**options, "mix_match_pairs": cfg.get(MIX_MATCH_PAIRS.name) or None}
 
 
+def pretokenize_stage(args):
+    notice = io.StringIO()  # compat's notice, once the stage has run: an error stays one line
+    with contextlib.redirect_stderr(notice):
+        options = study_compat(args.compat, {flag: getattr(args, flag) for flag in TRANSFORMS.names()})
+    pretokenize(args.data_cache_dir, args.vocab_size, parse_spec(**options), args.dataset_name, args.seed,
+                args.workers, args.tokenizer_model, args.force)
+    sys.stderr.write(notice.getvalue())
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -97,9 +109,7 @@ def main(argv=None):
     elif args.stage == "train_vocab":
         train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text, args.force)
     else:
-        spec = parse_spec(**study_compat(args.compat, {flag: getattr(args, flag) for flag in TRANSFORMS.names()}))
-        pretokenize(args.data_cache_dir, args.vocab_size, spec, args.dataset_name, args.seed,
-                    args.workers, args.tokenizer_model, args.force)
+        pretokenize_stage(args)
 
 
 if __name__ == "__main__":
