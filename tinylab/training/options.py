@@ -109,9 +109,9 @@ CRITICAL_BATCH_SIZE = Key("critical_batch_size", True, "log the gradient-noise e
 LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
 # the study's train.py forwarded the step's first micro-batch at every micro-step (its do_update
 # read the fresh batch into names the loop never used): trainer._micro_steps
-SAME_BATCH_ACCUMULATION = Key("same_batch_accumulation", False, "True: every micro-step forwards the step's first "
-                              "batch, the others are read and dropped (the study's train.py: a step is the gradient "
-                              "of one micro-batch)")
+SAME_BATCH_ACCUMULATION = Key("same_batch_accumulation", False, "True: every micro-step forwards the step's batch, "
+                              "and k - 1 batches of the stream are read and dropped per step (the study's train.py: "
+                              "a step is the gradient of one micro-batch)")
 declare_difference(SAME_BATCH_ACCUMULATION, original=True, family="study",
                    behaviour="every micro-step forwards the same (x, y) with loss / k; the k batches fetched meanwhile "
                    "are dropped but the last, which the next step trains on",
