@@ -5,7 +5,7 @@
     python tinystories.py train_vocab --vocab_size=1024 [--vocab_shards=10] [--keep_text] [--force]
     python tinystories.py pretokenize --vocab_size=1024 [--filtering=...] [--mix_match=...]
         [--adversarial_training=...] [--refusal=...] [--instruction_subset=...]
-        [--dataset_name=NAME] [--seed=0] [--workers=N] [--tokenizer_model=PATH]
+        [--dataset_name=NAME] [--seed=0] [--workers=N] [--tokenizer_model=PATH] [--compat=original]
         (one flag per data transform, tinylab/data/transforms/)
 
 Layout under --data_cache_dir:
@@ -21,7 +21,11 @@ leaves something that looks finished. Bad input is one `error: ...` line and exi
 work starts.
 """
 import argparse
+import contextlib
+import io
+import sys
 
+from tinylab.core.compat import COMPAT, apply_compat
 from tinylab.core.config import ArgParser
 from tinylab.core.errors import UserError, cli_main
 from tinylab.data.dataset_spec import parse_spec
@@ -29,6 +33,7 @@ from tinylab.data.download import DATA_URL, download
 from tinylab.data.pretokenize import pretokenize
 from tinylab.data.synthesize import synthesize
 from tinylab.data.transforms import TRANSFORMS
+from tinylab.data.transforms.mix_match_pairs import MIX_MATCH_PAIRS
 from tinylab.data.vocab import train_vocab
 from tinylab.data.workers import default_workers
 
@@ -37,7 +42,7 @@ STAGE_FLAGS = {  # which options each stage reads; any other option given is a m
     "synthesize": {"data_cache_dir", "num_shards", "stories_per_shard", "seed", "workers", "force"},
     "train_vocab": {"data_cache_dir", "vocab_size", "vocab_shards", "keep_text", "seed", "force"},
     "pretokenize": {"data_cache_dir", "vocab_size", "tokenizer_model", *TRANSFORMS.names(), "dataset_name", "seed",
-                    "workers", "force"},
+                    "workers", "force", "compat"},
 }
 
 
@@ -53,6 +58,8 @@ def build_parser():
     # names the output folder <data_cache_dir>/tok{V}/<name>, which pretokenize guards (outputs.py)
     p.add_output("--dataset_name", default=None, help="output folder name (default: the spec string); an existing "
                  "dataset is moved aside only with --force")
+    p.add_argument("--compat", default=COMPAT.default, choices=COMPAT.choices, help="pretokenize: original = the "
+                   "study's tinystories.py where docs/originals.md lists a difference (--mix_match_pairs)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (per shard)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--data_url", default=DATA_URL, help="archive URL for download")
@@ -63,6 +70,28 @@ def build_parser():
     p.add_argument("--num_shards", type=int, default=10, help="synthesize: shards (shard 0 is the test split)")
     p.add_argument("--stories_per_shard", type=int, default=4000, help="synthesize: stories per shard")
     return p
+
+
+def study_compat(compat, options) -> dict:
+    """The transform flags after --compat: with `original`, --mix_match_pairs=original when
+    --mix_match is given and --mix_match_pairs is not (the study's one difference here)."""
+    parse_spec(**options)  # every flag valid before the rule between two of them
+    if options["mix_match_pairs"] is not None and options["mix_match"] is None:
+        raise UserError("--mix_match_pairs=original changes how --mix_match relabels: give --mix_match too")
+    cfg = {"compat": compat}
+    if options["mix_match"] is not None:  # otherwise nothing to change, and no name part for it
+        cfg[MIX_MATCH_PAIRS.name] = options["mix_match_pairs"] or MIX_MATCH_PAIRS.default
+    cfg = apply_compat(cfg, {MIX_MATCH_PAIRS.name: MIX_MATCH_PAIRS.default}, "study")
+    return {**options, "mix_match_pairs": cfg.get(MIX_MATCH_PAIRS.name) or None}
+
+
+def pretokenize_stage(args):
+    notice = io.StringIO()  # compat's notice, once the stage has run: an error stays one line
+    with contextlib.redirect_stderr(notice):
+        options = study_compat(args.compat, {flag: getattr(args, flag) for flag in TRANSFORMS.names()})
+    pretokenize(args.data_cache_dir, args.vocab_size, parse_spec(**options), args.dataset_name, args.seed,
+                args.workers, args.tokenizer_model, args.force)
+    sys.stderr.write(notice.getvalue())
 
 
 def main(argv=None):
@@ -80,9 +109,7 @@ def main(argv=None):
     elif args.stage == "train_vocab":
         train_vocab(args.data_cache_dir, args.vocab_size, args.vocab_shards, args.seed, args.keep_text, args.force)
     else:
-        spec = parse_spec(**{flag: getattr(args, flag) for flag in TRANSFORMS.names()})
-        pretokenize(args.data_cache_dir, args.vocab_size, spec, args.dataset_name, args.seed,
-                    args.workers, args.tokenizer_model, args.force)
+        pretokenize_stage(args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,14 @@ from tinylab.core.run_keys import (
 from tinylab.data.options import LM_DATA_KEYS, LM_SPLIT_KEYS, TOKENIZER_MODEL
 from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
 from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
-from tinylab.eval.lm_eval import GENERATION_KEYS, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, check_generation_datasets
+from tinylab.eval.lm_eval import (
+    EVAL_BATCH_SIZES,
+    GENERATION_KEYS,
+    MAX_NEW_TOKENS,
+    TEMPERATURE,
+    TOP_K,
+    check_generation_datasets,
+)
 from tinylab.eval.probes import HEADS_KEYS, check_heads
 from tinylab.growth.options import GROW_SECTIONS, GROWTH_KEYS
 from tinylab.growth.plan.options import PLAN_SECTION
@@ -65,7 +72,7 @@ from tinylab.training.warmup import WARMUP_KEYS, check_warmups
 # ---------------------------------------------------------------------- train.py's data section: the data keys, the warmups
 
 LM_DATA = [
-    *LM_DATA_KEYS, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
+    *LM_DATA_KEYS, EVAL_BATCH_SIZES, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
 ]
 
 

@@ -14,7 +14,8 @@ from tinylab.schema import EVAL, TRAIN
 GENERATION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "max_new_tokens": "max_new_tokens",
                      "eval_iters": "generation_eval_iters", "batch_size": "generation_batch_size",
                      "interval_multiplier": "generation_eval_interval_multiplier",
-                     "datasets": "generation_datasets", "feature_eval": "feature_eval"}
+                     "datasets": "generation_datasets", "feature_eval": "feature_eval",
+                     "prompt_split": "generation_prompt_split"}
 HEADS_FIELDS = {"probes": "probes", "lenses": "lenses", "probes_classes": "probes_classes",
                 "init_lens_with_unembed": "init_lens_with_unembed"}
 
@@ -30,7 +31,8 @@ def test_options_read_each_field_from_its_key(options, keys, fields):
     # a distinct, valid value per key lands in its own field (a swapped pair of fields would not)
     changed = {"temperature": 0.25, "top_k": 7, "max_new_tokens": 11, "generation_eval_iters": 3,
                "generation_batch_size": 5, "generation_eval_interval_multiplier": 2,
-               "generation_datasets": ["id", "other"], "feature_eval": "Twist", "probes": True, "lenses": False,
+               "generation_datasets": ["id", "other"], "feature_eval": "Twist", "generation_prompt_split": "train",
+               "probes": True, "lenses": False,
                "probes_classes": 4, "init_lens_with_unembed": True}
     got = options.from_config({**defaults, **changed})
     for field, key in fields.items():

@@ -23,8 +23,10 @@ config file.
 """
 import argparse
 import ast
+import contextlib
 import dataclasses
 import difflib
+import io
 import math
 import os
 import re
@@ -269,10 +271,13 @@ class Schema:
             else:
                 self._apply_file(cfg, sources, arg)
         expand_templates(cfg)
+        notices = io.StringIO()
         if self.prepare is not None:
-            cfg = self.prepare(cfg)
+            with contextlib.redirect_stderr(notices):  # (compat=original's notice)
+                cfg = self.prepare(cfg)
         self.validate(cfg, sources)
         guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
+        sys.stderr.write(notices.getvalue())  # the prepare step's notices: only for a config accepted
         return cfg
 
     def _apply_file(self, cfg, sources, path):

@@ -270,12 +270,14 @@ class TrainingLoad:
     def from_config(cls, cfg) -> "TrainingLoad":
         frozen = bool(cfg.get("probes") or cfg.get("lenses"))
         generates = not frozen and cfg.get("max_new_tokens", 0) > 0 and cfg.get("generation_eval_iters", 0) > 0
+        original_sizes = cfg.get("eval_batch_sizes") == "batch_size"  # the study's: evaluations read batch_size
         return cls(batch_size=cfg["batch_size"], max_seq_len=cfg["max_seq_len"],
                    accum=cfg["gradient_accumulation_steps"], optimizer=cfg["optimizer"],
                    first_moment=bool(cfg.get("adafactor_beta1")), frozen=frozen, eval_only=bool(cfg.get("eval_only")),
                    activation_checkpointing=bool(cfg.get("activation_checkpointing")),
-                   eval_rows=cfg.get("eval_batch_size") or 0,
-                   generation_rows=cfg["generation_batch_size"] if generates else 0,
+                   eval_rows=cfg["batch_size"] if original_sizes else cfg.get("eval_batch_size") or 0,
+                   generation_rows=(cfg["batch_size"] if original_sizes else cfg["generation_batch_size"]) if generates
+                   else 0,
                    new_tokens=cfg.get("max_new_tokens", 0), attention_impl=cfg.get("attention_impl", "auto"))
 
 

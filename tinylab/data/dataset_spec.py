@@ -40,6 +40,8 @@ class DatasetSpec:
 
     def __init__(self, transforms=()):
         self.transforms = tuple(transforms)
+        for t in self.transforms:
+            t.bind(self.transforms)
 
     def options(self) -> dict:
         """{flag: text} of the manifest and the rebuild command: the original's five flags always

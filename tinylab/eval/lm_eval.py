@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
+from tinylab.core.compat import declare_difference
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
@@ -28,6 +29,24 @@ from tinylab.eval.feature_judge import FeatureScore, make_judge
 MAX_NEW_TOKENS = Key("max_new_tokens", 350, "tokens generated per prompt; 0 = no generations", range="[0, inf)")
 TEMPERATURE = Key("temperature", 1.0, "sampling temperature; 0 = greedy", range="[0, inf)")
 TOP_K = Key("top_k", 0, "sample among the k most likely tokens; 0 = all", range="[0, inf)")
+# the study's train.py declares eval_batch_size / generation_eval_batch_size but reads neither:
+# every evaluation iterator is built with the training micro-batch (its train.py:159-199)
+EVAL_BATCH_SIZES = Key("eval_batch_sizes", "own", "own: loss evaluations read eval_batch_size rows per batch, "
+                       "generations generation_batch_size prompts | batch_size: both use batch_size (the study's "
+                       "train.py, which never read its eval batch sizes)", choices=("own", "batch_size"))
+declare_difference(EVAL_BATCH_SIZES, original="batch_size", family="study",
+                   behaviour="eval_batch_size and generation_eval_batch_size are never read: loss evaluations and "
+                   "generations use batch_size (generation_eval_iters x batch_size prompts)",
+                   source="RobertKirk/tinystories-wrappers train.py:160")
+# where the eval datasets' generation prompts come from (the training dataset's: its test shard)
+GENERATION_PROMPT_SPLIT = Key("generation_prompt_split", "test", "test: every dataset's generation prompts come "
+                              "from its test shard | train: eval_dataset_names' prompts from their train shards "
+                              "(the study's train.py; the training dataset's stay on its test shard)",
+                              choices=("test", "train"))
+declare_difference(GENERATION_PROMPT_SPLIT, original="train", family="study",
+                   behaviour="do_generations passes an eval dataset's name as the split, so its prompts come from its "
+                   "train shards (with split_shards_pretrain and pretraining=False, their last 20%)",
+                   source="RobertKirk/tinystories-wrappers train.py:542")
 GENERATION_KEYS = [
     TEMPERATURE, TOP_K, MAX_NEW_TOKENS,
     Key("generation_eval_iters", 1, "prompts per dataset = generation_eval_iters * generation_batch_size; "
@@ -38,6 +57,7 @@ GENERATION_KEYS = [
     Key("generation_datasets", [], "which of 'id' and eval_dataset_names get generations; [] = all of them"),
     Key("feature_eval", "", "a feature to judge in the generations, logged as gen_feature_score "
         "(evaluation/eval_features.py)", choices=("",) + FEATURES),
+    GENERATION_PROMPT_SPLIT,
 ]
 _DEFAULT = {k.name: k.default for k in GENERATION_KEYS}
 
@@ -53,16 +73,25 @@ class GenerationOptions:
     interval_multiplier: int = _DEFAULT["generation_eval_interval_multiplier"]  # generations every N evaluations
     datasets: tuple = ()  # 'id' and eval dataset names; () = all of them
     feature_eval: str = _DEFAULT["feature_eval"]  # a feature judged in the generations; "" = none
+    prompt_split: str = _DEFAULT["generation_prompt_split"]  # the eval datasets' prompts: test | train shards
 
     @classmethod
     def from_config(cls, cfg) -> "GenerationOptions":
+        batch = cfg["batch_size"] if cfg["eval_batch_sizes"] == "batch_size" else cfg["generation_batch_size"]
         return cls(cfg["temperature"], cfg["top_k"], cfg["max_new_tokens"], cfg["generation_eval_iters"],
-                   cfg["generation_batch_size"], cfg["generation_eval_interval_multiplier"],
-                   tuple(cfg["generation_datasets"]), cfg["feature_eval"])
+                   batch, cfg["generation_eval_interval_multiplier"],
+                   tuple(cfg["generation_datasets"]), cfg["feature_eval"], cfg["generation_prompt_split"])
 
     @property
     def enabled(self) -> bool:
         return self.max_new_tokens > 0 and self.eval_iters > 0
+
+
+def loss_batch_size(cfg) -> int:
+    """Rows per batch of the loss evaluations (eval_batch_sizes says whether eval_batch_size counts)."""
+    if cfg["eval_batch_sizes"] == "batch_size":
+        return cfg["batch_size"]
+    return cfg["eval_batch_size"] or cfg["batch_size"]
 
 
 def check_generation_datasets(cfg):
@@ -88,7 +117,8 @@ def lm_tokenizer(cfg) -> Tokenizer:
 
 class LMEvaluator:
     """Mean LM loss on fixed batches of the train split, the test split and each eval dataset's
-    test split; and, when asked, generations from BOS-aligned test prompts of every dataset."""
+    test split; and, when asked, generations from BOS-aligned test prompts of every dataset (of the
+    eval datasets' train shards with generation_prompt_split=train)."""
 
     def __init__(self, cfg, run, tokenizer, generation: GenerationOptions):
         """`cfg`: the data keys (datasets, layout, batch sizes, eval_iters, seed); `generation`: the
@@ -98,10 +128,10 @@ class LMEvaluator:
         vocab, _ = dataset_vocab(cfg)
         main_dir = dataset_dir(cfg["data_cache_dir"], vocab, cfg["dataset_name"])
         self.loss_sets = {"train": (main_dir, "train"), "test": (main_dir, "test")}
-        self.gen_sets = {"id": main_dir}
+        self.gen_sets = {"id": (main_dir, "test")}  # name -> (folder, split of its prompts)
         for name in cfg["eval_dataset_names"]:
             self.loss_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), "test")
-            self.gen_sets[name] = dataset_dir(cfg["data_cache_dir"], vocab, name)
+            self.gen_sets[name] = (dataset_dir(cfg["data_cache_dir"], vocab, name), generation.prompt_split)
         if generation.datasets:  # (checked against the datasets by check_generation_datasets)
             self.gen_sets = {k: v for k, v in self.gen_sets.items() if k in generation.datasets}
         self.feature_score = None
@@ -120,8 +150,8 @@ class LMEvaluator:
     def __call__(self, model, iter_num, generations):
         metrics = self.loss_metrics(model)
         if generations and self.generation.enabled:
-            for name, data_dir in self.gen_sets.items():
-                rows = self.generate(model, data_dir, iter_num)
+            for name, (data_dir, split) in self.gen_sets.items():
+                rows = self.generate(model, data_dir, iter_num, split)
                 if self.feature_score is not None:
                     self.feature_score.add(name, rows)
                 if self.logger is not None:
@@ -135,7 +165,7 @@ class LMEvaluator:
         metrics = {}
         for name, (data_dir, split) in self.loss_sets.items():
             # a fresh loader re-seeds identically: the same batches at every evaluation
-            batches = self.loader(data_dir, split, self.cfg["eval_batch_size"] or self.cfg["batch_size"])
+            batches = self.loader(data_dir, split, loss_batch_size(self.cfg))
             losses = torch.zeros(self.cfg["eval_iters"])
             for k in range(self.cfg["eval_iters"]):
                 x, y = next(batches)
@@ -144,11 +174,12 @@ class LMEvaluator:
             metrics[f"loss/{name}"] = losses.mean().item()
         return metrics
 
-    def generate(self, model, data_dir, iter_num):
-        """Sample stories for the instruction headers of BOS-aligned test examples."""
+    def prompts(self, data_dir, split="test"):
+        """(prompts, targets): the instruction headers (token ids, BOS first) and the stories of the
+        first eval_iters * batch_size BOS-aligned windows of `split` that hold a whole header."""
         opts, tok = self.generation, self.tokenizer
         n_prompts = opts.eval_iters * opts.batch_size
-        windows = self.loader(data_dir, "test", opts.batch_size, split_on_bos=True)
+        windows = self.loader(data_dir, split, opts.batch_size, split_on_bos=True)
         prompts, targets = [], []
         for _ in range(10 * n_prompts):  # bounded: a tiny max_seq_len may never hold a header
             if len(prompts) >= n_prompts:
@@ -161,9 +192,14 @@ class LMEvaluator:
                     continue
                 prompts.append(row[:h])
                 targets.append(extract_story(row[h:], tok))
-        prompts, targets = prompts[:n_prompts], targets[:n_prompts]
         if not prompts:
-            print(f"warning: no test window of {data_dir} holds a whole header within max_seq_len; no generations")
+            print(f"warning: no {split} window of {data_dir} holds a whole header within max_seq_len; no generations")
+        return prompts[:n_prompts], targets[:n_prompts]
+
+    def generate(self, model, data_dir, iter_num, split="test"):
+        """Sample stories for the instruction headers of BOS-aligned examples of `split`."""
+        opts, tok = self.generation, self.tokenizer
+        prompts, targets = self.prompts(data_dir, split)
         rows = []
         gen = torch.Generator(device=self.run.device).manual_seed(self.cfg["seed"] + iter_num)
         bs = opts.batch_size

@@ -38,7 +38,7 @@ from tinylab.data.pretokenized import shard_paths
 from tinylab.data.records import FEATURES, STORY_FEATURES
 from tinylab.data.template import feature_labels, header_end, header_fields
 from tinylab.eval.common import right_pad
-from tinylab.eval.lm_eval import LMEvaluator
+from tinylab.eval.lm_eval import LMEvaluator, loss_batch_size
 from tinylab.nn.fused_head import linear_cross_entropy
 
 # probe label j is STORY_FEATURES[j]; outputs name it as the raw feature (Twist, BadEnding, ...)
@@ -396,7 +396,7 @@ class HeadsEvaluator(LMEvaluator):
         cfg, probes = self.cfg, isinstance(self.heads, ProbeHeads)
         metrics = {}
         for name, (data_dir, split) in self.loss_sets.items():
-            windows = self.loader(data_dir, split, cfg["eval_batch_size"] or cfg["batch_size"], split_on_bos=probes)
+            windows = self.loader(data_dir, split, loss_batch_size(cfg), split_on_bos=probes)
             batches = self.heads.batches(windows, self.tokenizer)
             sums = {}
             for _ in range(cfg["eval_iters"]):

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from tinylab.core.compat import declare_difference
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.training.adafactor import Adafactor
 
@@ -174,6 +176,15 @@ def changed_settings(optimizer, saved, saved_names):
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 
+# the cosine schedule's warmup: nanoGPT's (pos+1)/(warmup+1) already moves the weights at step 0;
+# the study's train.py (as llama2.c) starts from lr 0
+WARMUP_FORMULA = Key("warmup_formula", "nanogpt", "cosine schedule's warmup: nanogpt = learning_rate * (it+1) / "
+                     "(warmup_iters+1) | original = learning_rate * it / warmup_iters (the study's train.py and "
+                     "llama2.c: step 0 at lr 0)", choices=("nanogpt", "original"))
+declare_difference(WARMUP_FORMULA, original="original", family="study",
+                   behaviour="get_lr warms up with learning_rate * it / warmup_iters: the first step has lr 0",
+                   source="RobertKirk/tinystories-wrappers train.py:406")
+
 
 def lr_at(it, schedule, rewarmup=None):
     """Learning rate at iteration `it` (the rate of the optimizer step taken at iter_num = it) of
@@ -204,8 +215,9 @@ def lr_at(it, schedule, rewarmup=None):
 def schedule_lr(pos, schedule):
     """The schedule at position `pos`:
       lr_scheduling=False or decay_lr=False   constant learning_rate (the *_no_lrs configs)
-      cosine     linear warmup over warmup_iters (llama2.c's (pos+1)/(warmup+1)), then cosine to
-                 min_lr at lr_decay_iters (0 = max_iters), min_lr after
+      cosine     linear warmup over warmup_iters (warmup_formula: nanoGPT's (pos+1)/(warmup+1), or
+                 the study's and llama2.c's pos/warmup), then cosine to min_lr at lr_decay_iters
+                 (0 = max_iters), min_lr after
       linear     transformers' get_linear_schedule_with_warmup: pos/warmup during the warmup, then
                  a straight line to min_lr at lr_decay_iters (staged-training's schedule)
       constant   the same linear warmup as linear, then constant learning_rate
@@ -217,6 +229,8 @@ def schedule_lr(pos, schedule):
     decay_iters = schedule.lr_decay_iters or schedule.max_iters
     if kind == "cosine":
         if pos < warmup:
+            if schedule.warmup_formula == "original":
+                return lr * pos / warmup
             return lr * (pos + 1) / (warmup + 1)
         if pos > decay_iters:
             return min_lr

@@ -15,10 +15,11 @@ the programs' key sets from the lists below (in --help order) and runs the check
 from dataclasses import dataclass, fields
 
 from model import ModelArgs
+from tinylab.core.compat import declare_difference
 from tinylab.core.config import COUNT, FRACTION, NONNEG, POSITIVE, Key
 from tinylab.core.errors import UserError
 from tinylab.core.run_keys import StartOptions, WandbOptions
-from tinylab.training.optim import LR_SCHEDULES, OPTIMIZERS
+from tinylab.training.optim import LR_SCHEDULES, OPTIMIZERS, WARMUP_FORMULA
 from tinylab.training.presets import OPTIMIZER_PRESETS
 
 # ---------------------------------------------------------------------- the model's shape
@@ -106,17 +107,28 @@ CRITICAL_BATCH_SIZE = Key("critical_batch_size", True, "log the gradient-noise e
 # ---------------------------------------------------------------------- optimizer and schedule
 
 LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
+# the study's train.py forwarded the step's first micro-batch at every micro-step (its do_update
+# read the fresh batch into names the loop never used): trainer._micro_steps
+SAME_BATCH_ACCUMULATION = Key("same_batch_accumulation", False, "True: every micro-step forwards the step's batch, "
+                              "and k - 1 batches of the stream are read and dropped per step (the study's train.py: "
+                              "a step is the gradient of one micro-batch)")
+declare_difference(SAME_BATCH_ACCUMULATION, original=True, family="study",
+                   behaviour="every micro-step forwards the same (x, y) with loss / k; the k batches fetched meanwhile "
+                   "are dropped but the last, which the next step trains on",
+                   source="RobertKirk/tinystories-wrappers train.py:628")
 OPTIMIZER_KEYS = [
     Key("gradient_accumulation_steps", 4, "micro-steps per optimizer step, over all processes (divided among them)",
         range=COUNT),
+    SAME_BATCH_ACCUMULATION,
     LR,
     Key("lr_scheduling", True, "False: constant learning_rate (the *_no_lrs fine-tuning configs)"),
-    Key("lr_schedule", "cosine", "cosine (llama2.c) | linear (warmup, then a straight line to min_lr: "
+    Key("lr_schedule", "cosine", "cosine (llama2.c's decay; its warmup: warmup_formula) | linear (warmup, then a straight line to min_lr: "
         "staged-training's get_linear_schedule_with_warmup) | constant (warmup, then constant)",
         choices=LR_SCHEDULES),
     Key("max_iters", 100000, "optimizer steps of the run", range=NONNEG),
     Key("weight_decay", 1e-1, "AdamW / Adafactor weight decay (matrices only)", range=NONNEG),
     Key("warmup_iters", 1000, "linear LR warmup iterations", range=NONNEG),
+    WARMUP_FORMULA,
     Key("optimizer", "adamw", "adamw | adafactor", choices=OPTIMIZERS),
     Key("beta1", 0.9, "AdamW beta1", range=FRACTION),
     Key("beta2", 0.95, "AdamW beta2", range=FRACTION),
@@ -155,6 +167,7 @@ class ScheduleOptions:
     decay_lr: bool
     lr_schedule: str
     warmup_iters: int
+    warmup_formula: str  # nanogpt | original (optim.schedule_lr)
     min_lr: float
     lr_decay_iters: int  # 0 = max_iters
     max_iters: int
@@ -245,6 +258,7 @@ class TrainerOptions:
     max_iters: int
     grad_clip: float  # 0 = no clipping
     gradient_accumulation_steps: int  # over all processes
+    same_batch_accumulation: bool  # every micro-step forwards the step's first batch (the study's train.py)
     max_seq_len: int  # for MFU (a sequence warmup logs its own length)
     compile: bool  # the system keys the loop applies to the model
     activation_checkpointing: bool

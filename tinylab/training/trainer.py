@@ -19,7 +19,8 @@ Two kinds of hooks extend it: `step_hooks[name](trainer, next_batch)` after ever
 `save_hooks[name](ckpt_path, model)` after every checkpoint rank 0 writes (export_bin's model.bin).
 
 The loop, per iteration (`_fit`): set the LR -> evaluate (on schedule) -> checkpoint (on schedule)
--> stop? -> micro-steps (a fresh batch each, gradient sync only on the last) -> optimizer step
+-> stop? -> micro-steps (a fresh batch each, or the first one k times with same_batch_accumulation;
+gradient sync only on the last) -> optimizer step
 (clip, step) -> log (on log steps) -> step hooks. Host syncs happen only on log steps and before
 checkpoints (NaN check).
 """
@@ -428,21 +429,26 @@ class Trainer:
         if self.batch_warmup is not None:
             micro_steps, rows, seq = self.batch_warmup.plan(self.tokens_seen, self.world)
         log = it % self.opts.log_interval == 0
-        # the noise estimate needs a second gradient: the first micro-step's, which is local
-        return _Step(micro_steps, rows, seq, log, noise=self.track_noise and log and micro_steps > 1)
+        # the noise estimate needs a second gradient: the first micro-step's, which is local (of
+        # another batch: with same_batch_accumulation the two would be the same gradient)
+        noise = self.track_noise and log and micro_steps > 1 and not self.opts.same_batch_accumulation
+        return _Step(micro_steps, rows, seq, log, noise=noise)
 
     def _micro_steps(self, step: _Step, carry: _Carry):
         """Forward / backward over the step's micro-batches, each a fresh batch; the next batch is
         fetched while the device works (prefetch), and the loader's position just before the next
-        iteration's first batch is remembered for checkpoints."""
+        iteration's first batch is remembered for checkpoints. With same_batch_accumulation (the
+        study's train.py) every micro-step forwards the step's first batch, and the batches
+        fetched meanwhile are dropped but the last, which the next step trains on."""
         run = self.run
         for micro_step in range(step.micro_steps):
             last = micro_step == step.micro_steps - 1
             self._sync_gradients(last or (step.noise and micro_step == 0))
-            batch = carry.batch
-            scale = batch.pop("loss_scale", 1.0 / step.micro_steps)
-            if step.rows is not None:
-                batch = truncate(batch, step.rows, step.seq)
+            if micro_step == 0 or not self.opts.same_batch_accumulation:
+                batch = carry.batch
+                scale = batch.pop("loss_scale", 1.0 / step.micro_steps)
+                if step.rows is not None:
+                    batch = truncate(batch, step.rows, step.seq)
             with run.autocast:
                 self.model(**batch, return_logits=False)  # fused head + loss, no logits
                 loss = self.trained.last_loss * scale

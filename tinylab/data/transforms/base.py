@@ -51,6 +51,10 @@ class Transform(abc.ABC):
         later draws of the shard, so draw in a fixed order, and only when this flag is given."""
         return example
 
+    def bind(self, transforms: tuple):
+        """Called once with every given transform (this one included): a flag that changes how
+        another one works (mix_match_pairs) sets it here."""
+
     def header_keys(self, keys: tuple) -> tuple:
         """The template's header lines to write, given those kept by the earlier transforms."""
         return keys

@@ -40,10 +40,15 @@ class MixMatch(Transform):
             table[src] = dst
         return table
 
+    @staticmethod
+    def relabel(values: list, table: dict) -> list:
+        """Every value mapped once through the table (--mix_match_pairs=original replaces this)."""
+        return [table.get(v, v) for v in values]
+
     def apply(self, example, rng):
         instruction = example["instruction"]
         for key, table in self.value.items():
-            instruction[key] = [table.get(v, v) for v in instruction[key]]
+            instruction[key] = self.relabel(instruction[key], table)
         return example
 
     @classmethod
