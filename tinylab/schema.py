@@ -144,7 +144,15 @@ SAMPLE = Schema("sample.py", [
                               TOOL_DATA_CACHE, DEVICE]),
 ])
 
-GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION])  # the keys: tinylab/growth/
+
+
+def prepare_grow(cfg):
+    """compat=original: staged-training's operators (its family's keys grow.py has); planning has none."""
+    return cfg if cfg["plan"] else apply_compat(cfg, GROW.defaults(), "staged")
+
+
+GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION, ("the original codebase's behaviour (docs/originals.md)",
+                                                          [COMPAT])], prepare=prepare_grow)  # the keys: tinylab/growth/
 
 EVAL = Schema("evaluation", [("model", EVAL_KEYS)])  # every evaluation tool's flags (tinylab/eval/keys.py)
 

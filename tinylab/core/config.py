@@ -345,6 +345,10 @@ class Schema:
         if missing:
             raise UserError(f"--{missing[0]} is required (see python {self.prog} --help)")
         sources = {n: f"--{n}" for n in self.keys}
+        if self.prepare is not None:  # as a driver's config (compat=original fills keys)
+            cfg = self.prepare(cfg)
+            for name in self.keys:
+                setattr(ns, name, cfg[name])
         self.validate(cfg, sources)
         # the outputs it names, before anything is read or written (outputs.py)
         positional_inputs = [getattr(ns, a.dest) for a in tagged_actions(parser, "input")]
