@@ -11,6 +11,8 @@ The staged-training repository's commands work too (docs/growth.md §6.5):
     python grow.py --doubling layers --doubling_layers alternate_id --resume out/ckpt.pt --out_dir out_deep
     python grow.py --doubling weights --resume out/ckpt.pt --out_dir out_wide \
         --restart_steps 3319 --restart_warmup_steps 200 --reset_lr_scheduler [--reset_optimizer]
+    python grow.py --doubling layers --doubling_layers alternate_id --resume out/ckpt.pt --compat=original
+                                    # what its code really does, defects included (docs/originals.md)
 
 The operators are tinylab/growth/ops/'s (the same ones train.py's grow_schedule applies inside a
 run); the math is in docs/growth.md, the flags in tinylab/growth/options.py and
@@ -48,6 +50,7 @@ def options(a) -> GrowthOptions:
                          rewarmup_iters=a.rewarmup_iters, copy_layers=copies,
                          restart_steps=a.restart_steps, restart_warmup_steps=a.restart_warmup_steps,
                          reset_lr_scheduler=a.reset_lr_scheduler, reset_optimizer=a.reset_optimizer,
+                         width_moments=a.width_moments, depth_id=a.depth_id,
                          **{op.c_flag: getattr(a, op.c_flag) for op in OPERATORS}).check()
 
 
@@ -82,7 +85,7 @@ def main(argv=None):
         save_checkpoint(grown, out_path)
         run_dir.commit()
     print(summary)
-    note = "" if not opts.copy_layers else " (plain layer copies: the function is NOT preserved)"
+    note = "" if not opts.plain_copies else " (plain layer copies: the function is NOT preserved)"
     print(f"loss on {measured_on}: {before:.6f} -> {after:.6f} (change {after - before:+.2e}){note}")
     if a.out_dir is None:
         print(f"wrote {out_path}; continue with: python train.py CONFIG --init_from=resume_train "

@@ -17,6 +17,7 @@ writes anything. Library code never imports this module (only the entry scripts 
 """
 from tinylab.core.compat import COMPAT, apply_compat
 from tinylab.core.config import COUNT, NONNEG, Key, Schema
+from tinylab.core.errors import UserError
 from tinylab.core.run_keys import (
     DEVICE,
     INIT,
@@ -151,7 +152,20 @@ SAMPLE = Schema("sample.py", [
                               TOOL_DATA_CACHE, DEVICE]),
 ])
 
-GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION])  # the keys: tinylab/growth/
+
+
+def prepare_grow(cfg):
+    """compat=original: staged-training's operators (its family's keys grow.py has); planning has none."""
+    if cfg["plan"]:
+        return cfg
+    if cfg["compat"] == "original" and cfg["mode"] == "exact":  # before the notice: one error line
+        raise UserError("compat=original reproduces staged-training's operators, which have no exact mode: "
+                        "use mode=target (the default)")
+    return apply_compat(cfg, GROW.defaults(), "staged")
+
+
+GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION, ("the original codebase's behaviour (docs/originals.md)",
+                                                          [COMPAT])], prepare=prepare_grow)  # the keys: tinylab/growth/
 
 EVAL = Schema("evaluation", [("model", EVAL_KEYS)])  # every evaluation tool's flags (tinylab/eval/keys.py)
 

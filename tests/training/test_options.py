@@ -33,6 +33,7 @@ WHERE = {
     "optimizer": ("optimizer", "name"), "learning_rate": ("optimizer", "learning_rate"),
     "weight_decay": ("optimizer", "weight_decay"), "beta1": ("optimizer", "beta1"), "beta2": ("optimizer", "beta2"),
     "adam_eps": ("optimizer", "adam_eps"),
+    "adam_bias_correction": ("optimizer", "adam_bias_correction"),
     **{f"adafactor_{k}": ("optimizer", "adafactor", k) for k in ("scale_parameter", "relative_step", "warmup_init",
                                                                  "clip_threshold", "decay_rate", "beta1", "eps1", "eps2")},
     **{k: ("optimizer", "schedule", k) for k in ("lr_scheduling", "decay_lr", "lr_schedule", "warmup_iters", "warmup_formula",

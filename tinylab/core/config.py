@@ -271,14 +271,21 @@ class Schema:
             else:
                 self._apply_file(cfg, sources, arg)
         expand_templates(cfg)
-        notices = io.StringIO()
-        if self.prepare is not None:
-            with contextlib.redirect_stderr(notices):  # (compat=original's notice)
-                cfg = self.prepare(cfg)
+        cfg, notices = self._prepared(cfg)
         self.validate(cfg, sources)
         guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
-        sys.stderr.write(notices.getvalue())  # the prepare step's notices: only for a config accepted
+        sys.stderr.write(notices)
         return cfg
+
+    def _prepared(self, cfg):
+        """The prepare step's config and its notices (compat=original's), held back so that
+        they are printed only for a config that then validates: a refused one is one error line."""
+        if self.prepare is None:
+            return cfg, ""
+        notices = io.StringIO()
+        with contextlib.redirect_stderr(notices):
+            cfg = self.prepare(cfg)
+        return cfg, notices.getvalue()
 
     def _apply_file(self, cfg, sources, path):
         if not os.path.isfile(path):
@@ -350,11 +357,15 @@ class Schema:
         if missing:
             raise UserError(f"--{missing[0]} is required (see python {self.prog} --help)")
         sources = {n: f"--{n}" for n in self.keys}
+        cfg, notices = self._prepared(cfg)  # as a driver's config (compat=original fills keys)
+        for name in self.keys:
+            setattr(ns, name, cfg[name])
         self.validate(cfg, sources)
         # the outputs it names, before anything is read or written (outputs.py)
         positional_inputs = [getattr(ns, a.dest) for a in tagged_actions(parser, "input")]
         guard_outputs(self, cfg, positional_inputs)
         guard_parsed(parser, ns, *force_of(self, cfg), self.prog, declared_inputs(self, cfg))
+        sys.stderr.write(notices)
         return ns
 
 

@@ -23,7 +23,7 @@ def growth_summary(ckpt, grown, opts) -> str:
             where += f" to the checkpoint's learning_rate {sched['base_lr']:g}"
     if grown.get("optimizer") is None and ckpt.get("optimizer") is not None:
         where += "; optimizer state reset"
-    layers = (f", layers {'copied' if opts.copy_layers else 'identity'} ({opts.placement})"
+    layers = (f", layers {'copied' if opts.plain_copies else 'identity'} ({opts.placement})"
               if OPERATORS.get(opts.doubling).layer_variants else "")
     return (f"grew {opts.doubling} ({opts.mode}, symmetry breaking {opts.split}{layers}): dim {old.dim} -> "
             f"{new['dim']}, layers {old.n_layers} -> {new['n_layers']}, heads {old.n_heads} -> {new['n_heads']}, "

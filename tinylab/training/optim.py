@@ -3,7 +3,7 @@
 Every function here receives typed options (tinylab/training/options.py: OptimizerOptions,
 ScheduleOptions, built from a config by their from_config). build_optimizer(model, options) makes
 AdamW (weight decay on >=2-D parameters only, as llama2.c; fused on CUDA and CPU, foreach
-elsewhere) or Adafactor (adafactor.py). Parameter groups are defined by role (`group["role"]`:
+elsewhere; without bias correction adamw_nobias.py's) or Adafactor (adafactor.py). Parameter groups are defined by role (`group["role"]`:
 "decay" / "no_decay"), never by the decay's value, and carry the parameter *names*
 (`group["param_names"]`), so a checkpoint's optimizer state is mapped by name (state_for:
 resume_train, reset_progress; growth), and optional per-parameter overrides {name: {"lr_scale": s,
@@ -21,6 +21,7 @@ from tinylab.core.compat import declare_difference
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.training.adafactor import Adafactor
+from tinylab.training.adamw_nobias import AdamWNoBiasCorrection
 
 OPTIMIZERS = ("adamw", "adafactor")
 
@@ -56,12 +57,14 @@ def build_optimizer(model, options, overrides=None):
     if options.name == "adafactor":
         return build_adafactor(model, options, overrides)
     groups = param_groups(model, options.weight_decay, overrides)
+    betas = (options.beta1, options.beta2)
+    if not options.adam_bias_correction:  # transformers' AdamW(correct_bias=False): staged-training's
+        return AdamWNoBiasCorrection(groups, lr=options.learning_rate, betas=betas, eps=options.adam_eps)
     device_type = next(model.parameters()).device.type
     # fused kernels exist for CUDA and (torch >= 2.4) CPU; on CPU fused is ~4x faster than
     # foreach / for-loop for an 8M model (bench/train.py); other devices take foreach
     extra = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=(options.beta1, options.beta2),
-                             eps=options.adam_eps, **extra)
+    return torch.optim.AdamW(groups, lr=options.learning_rate, betas=betas, eps=options.adam_eps, **extra)
 
 
 def optimizer_param_names(optimizer):

@@ -116,6 +116,23 @@ declare_difference(SAME_BATCH_ACCUMULATION, original=True, family="study",
                    behaviour="every micro-step forwards the same (x, y) with loss / k; the k batches fetched meanwhile "
                    "are dropped but the last, which the next step trains on",
                    source="RobertKirk/tinystories-wrappers train.py:628")
+WEIGHT_DECAY = Key("weight_decay", 1e-1, "AdamW / Adafactor weight decay (matrices only)", range=NONNEG)
+BETA2 = Key("beta2", 0.95, "AdamW beta2", range=FRACTION)
+ADAM_EPS = Key("adam_eps", 1e-8, "AdamW epsilon", range=POSITIVE)
+ADAM_BIAS_CORRECTION = Key("adam_bias_correction", True, "AdamW divides its moments by 1 - beta^t | False: "
+                           "transformers' AdamW(correct_bias=False), lr m / (sqrt(v) + eps) (staged-training's)")
+# staged-training's gpt_pretrain.py: transformers' AdamW(params, lr, eps=adam_epsilon, betas=(0.9, 0.98),
+# correct_bias=False) over one group, its --weight_decay never passed (the grouped parameters are commented out)
+_GPT_PRETRAIN_ADAMW = "allenai/staged-training gpt_pretrain.py:1189"
+declare_difference(ADAM_BIAS_CORRECTION, original=False, family="staged", source=_GPT_PRETRAIN_ADAMW,
+                   behaviour="AdamW(correct_bias=False): updates by lr m / (sqrt(v) + eps), no 1 / (1 - beta^t)")
+declare_difference(BETA2, original=0.98, family="staged", source="allenai/staged-training gpt_pretrain.py:1306",
+                   behaviour="AdamW betas (0.9, 0.98) (--adam_beta2 0.98)")
+declare_difference(ADAM_EPS, original=1e-6, family="staged", source="allenai/staged-training gpt_pretrain.py:1304",
+                   behaviour="AdamW eps 1e-6 (--adam_epsilon)")
+declare_difference(WEIGHT_DECAY, original=0.0, family="staged", source=_GPT_PRETRAIN_ADAMW,
+                   behaviour="no weight decay: AdamW gets no weight_decay (transformers' default 0.0); the "
+                   "--weight_decay 0.01 flag is never read")
 OPTIMIZER_KEYS = [
     Key("gradient_accumulation_steps", 4, "micro-steps per optimizer step, over all processes (divided among them)",
         range=COUNT),
@@ -126,13 +143,14 @@ OPTIMIZER_KEYS = [
         "staged-training's get_linear_schedule_with_warmup) | constant (warmup, then constant)",
         choices=LR_SCHEDULES),
     Key("max_iters", 100000, "optimizer steps of the run", range=NONNEG),
-    Key("weight_decay", 1e-1, "AdamW / Adafactor weight decay (matrices only)", range=NONNEG),
+    WEIGHT_DECAY,
     Key("warmup_iters", 1000, "linear LR warmup iterations", range=NONNEG),
     WARMUP_FORMULA,
     Key("optimizer", "adamw", "adamw | adafactor", choices=OPTIMIZERS),
     Key("beta1", 0.9, "AdamW beta1", range=FRACTION),
-    Key("beta2", 0.95, "AdamW beta2", range=FRACTION),
-    Key("adam_eps", 1e-8, "AdamW epsilon", range=POSITIVE),
+    BETA2,
+    ADAM_EPS,
+    ADAM_BIAS_CORRECTION,
     Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG),
     Key("decay_lr", True, "False: a constant learning_rate (llama2.c's flag)"),
     Key("min_lr", 0.0, "learning rate at the end of the decay", range=NONNEG),
@@ -227,18 +245,23 @@ class OptimizerOptions:
     adam_eps: float
     adafactor: AdafactorOptions
     schedule: ScheduleOptions
+    adam_bias_correction: bool = True
 
     @classmethod
     def from_config(cls, cfg) -> "OptimizerOptions":
         return cls(name=cfg["optimizer"], learning_rate=cfg["learning_rate"], weight_decay=cfg["weight_decay"],
                    beta1=cfg["beta1"], beta2=cfg["beta2"], adam_eps=cfg["adam_eps"],
-                   adafactor=AdafactorOptions.from_config(cfg), schedule=ScheduleOptions.from_config(cfg))
+                   adafactor=AdafactorOptions.from_config(cfg), schedule=ScheduleOptions.from_config(cfg),
+                   adam_bias_correction=cfg["adam_bias_correction"])
 
 
 def check_schedule(cfg):
     schedule = ScheduleOptions.from_config(cfg)
     schedule.check(trains=schedule.max_iters > 0 and not cfg["eval_only"])
     AdafactorOptions.from_config(cfg).check()
+    if not cfg["adam_bias_correction"] and cfg["optimizer"] != "adamw":
+        raise UserError(f"adam_bias_correction=False is AdamW's (transformers' correct_bias=False); "
+                        f"optimizer={cfg['optimizer']} has no such setting")
 
 
 # ---------------------------------------------------------------------- the Trainer's options

@@ -12,10 +12,26 @@ import math
 
 import torch
 
+from tinylab.core.compat import declare_difference
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.growth.ops.base import GrowthOperator, explicit_hidden, register
 
 C_WIDTH = 1.776  # staged-training's S_pre / S_target after width growth (§7)
+
+# The moments of a doubled matrix: ours scale every block (each copy's gradient is c times the small
+# one's, off-diagonal blocks included); staged-training's double_matrix_weight(is_grad=True) writes
+# m/2, v/4 on the diagonal blocks only (the off-diagonal blocks' true gradient is not zero).
+WIDTH_MOMENTS = ("scaled", "original")
+GROW_WIDTH_MOMENTS = Key("grow_width_moments", "scaled", "width growth's AdamW moments of the doubled matrices: "
+                         "scaled (every block c m, c^2 v) | original (staged-training's: m/2, v/4 on the diagonal "
+                         "blocks, 0 off them; target mode only)", choices=WIDTH_MOMENTS)
+WIDTH_MOMENTS_KEY = GROW_WIDTH_MOMENTS.replace(name="width_moments")
+for _key in (GROW_WIDTH_MOMENTS, WIDTH_MOMENTS_KEY):
+    declare_difference(_key, original="original", family="staged",
+                       source="allenai/staged-training gpt_pretrain.py:119-128",
+                       behaviour="the doubled matrices' Adam moments are m/2, v/4 on the diagonal blocks and 0 on the "
+                       "off-diagonal blocks (the final LayerNorm's are copied unscaled, as ours)")
 
 MATRICES = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wo.weight",
             "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight")
@@ -86,16 +102,18 @@ def widen(W, kind, opts, gen):
     return out
 
 
-def widen_moments(state, kind):
+def widen_moments(state, kind, how="scaled"):
     """AdamW state of one parameter for its doubled tensor: each copy receives c times the small
-    model's gradient, so m -> c*m, v -> c^2*v in every block (zero-valued blocks too); steps kept."""
+    model's gradient, so m -> c*m, v -> c^2*v in every block (zero-valued blocks too); steps kept.
+    how="original": a matrix's off-diagonal blocks get 0 (staged-training's mapping)."""
     tiling, c, _ = WIDTH_KINDS[kind]
     out = {}
     for key, t in state.items():
         if key == "step":
             out[key] = t.clone()
-        else:  # scale the small tensor, then tile it (the large one is written once)
-            out[key] = (t * (c if key == "exp_avg" else c * c)).repeat(*tiling)
+            continue
+        small = t * (c if key == "exp_avg" else c * c)  # scaled small, then tiled: the large one is written once
+        out[key] = torch.block_diag(small, small) if how == "original" and kind == "matrix" else small.repeat(*tiling)
     return out
 
 
@@ -108,7 +126,7 @@ def grow_width(weights, args, opt_state, opts, gen):
         kinds[name] = width_kind(name, args.tie_embeddings)
         new_weights[name] = widen(W, kinds[name], opts, gen)
         if name in opt_state:
-            new_state[name] = widen_moments(opt_state[name], kinds[name])
+            new_state[name] = widen_moments(opt_state[name], kinds[name], opts.width_moments)
     if args.tie_embeddings:
         new_weights["output.weight"] = new_weights["tok_embeddings.weight"]
     return new_weights, new_state, kinds

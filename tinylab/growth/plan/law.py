@@ -7,7 +7,8 @@ reaches a loss, have closed forms.
 """
 import math
 
-KAPLAN = {"N_c": 8.8e13, "alpha_N": 0.076, "S_c": 2.1e3, "alpha_S": 0.76}  # Kaplan et al. 2020, Table 5
+# Kaplan et al. 2020, Table 5 (as staged-training's compute_optimal_schedule.py:14-21 writes them)
+KAPLAN = {"N_c": 8.8e13, "alpha_N": 0.076, "S_c": 2.1e3, "alpha_S": 0.76, "B_star": 2.1e8, "alpha_B": 0.21}
 
 
 def law_loss(S, E, S_c, alpha):

@@ -68,8 +68,17 @@ def _check_operators(value):
     return f"must be a comma-separated list of {', '.join(names)}"
 
 
+LAWS = ("fit", "kaplan")
+LAW = Key("law", "fit", "fit: fit the scaling law to --runs and plan operator sequences | kaplan: plan model sizes "
+          "from Kaplan et al.'s published constants, no runs (staged-training's compute_optimal_schedule.py)",
+          choices=LAWS)
+# the fitted law's flags, which --law=kaplan does not read
+FIT_ONLY = ("runs", "operators", "continue_at", "alpha_N", "threshold_optimality",
+            *(op.threshold_flag for op in OPERATORS))
+
 PLAN_KEYS = [
     Key("plan", False, "plan the compute-optimal growth stages from run logs instead of growing a checkpoint"),
+    LAW,
     Key("runs", [], "run folders with config.json + metrics.jsonl: --runs A B (or --runs=A,B)", input=True),
     Key("budget", None, "training FLOPs of the whole plan: recommend the lowest predicted final loss",
         type=float, range="(0, inf)"),

@@ -101,6 +101,29 @@ def _comparison_lines(out):
     return lines
 
 
+def format_kaplan_plan(out) -> str:
+    """--law=kaplan: the constants, PR #4's per-stage table, and the best single size."""
+    c = out["constants"]
+    goal = (f"budget {out['budget']:.3e} FLOPs" if out["target_loss"] is None else f"target loss {out['target_loss']}")
+    lines = [f"Kaplan et al.'s law, no runs ({out['source']}): L(N, S) = ({c['N_c']:.3g}/N)^{c['alpha_N']} + "
+             f"(2*{c['S_c']:.3g}/S)^{c['alpha_S']}, B_crit = {c['B_star']:.3g}/L^(1/{c['alpha_B']}) tokens; {goal}",
+             f"  {'stage':<5} {'N (non-emb.)':>13} {'x prev':>7} {'loss':>16} {'steps (B_crit)':>15} "
+             f"{'batch (tokens)':>15} {'FLOPs':>10} {'PF-days':>9} {'share':>6}"]
+    for k, s in enumerate(out["stages"]):
+        loss = f"{_fmt_loss(s['loss_start'])} -> {s['loss_end']:.4f}"
+        growth = "-" if s["growth"] is None else f"{s['growth']:.2f}"
+        lines.append(f"  {k:<5} {s['N']:>13.4g} {growth:>7} {loss:>16} {s['steps']:>15.0f} {s['batch_tokens']:>15.4g} "
+                     f"{s['compute']:>10.3e} {s['pf_days']:>9.4g} {s['compute_share']:>6.1%}")
+    one = out["same_loss_one_size"]
+    lines.append(f"final loss {out['final_loss']:.4f} with {out['compute']:.3e} FLOPs; one size to the same loss: "
+                 f"N = {one['N']:.4g}, {one['steps']:.0f} steps, {one['compute']:.3e} FLOPs: predicted saving "
+                 f"{100 * out['saving']:+.1f}%")
+    if "one_size_at_budget" in out:
+        b = out["one_size_at_budget"]
+        lines.append(f"one size at the budget: N = {b['N']:.4g}, {b['steps']:.0f} steps, loss {b['loss']:.4f}")
+    return "\n".join(lines)
+
+
 def jsonable(obj):
     """`obj` with numpy numbers as Python numbers and non-finite floats as strings (JSON has neither)."""
     if isinstance(obj, dict):
