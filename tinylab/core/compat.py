@@ -18,7 +18,7 @@ differences in one table (tests/core/test_compat.py checks it against this regis
 import sys
 from dataclasses import dataclass
 
-from tinylab.core.config import Key
+from tinylab.core.config import Key, given_keys
 from tinylab.core.errors import UserError
 from tinylab.core.registry import Registry
 
@@ -65,16 +65,18 @@ def differences_of(family: str, keys=None) -> list:
 
 def apply_compat(cfg: dict, defaults: dict, family: str, quiet: bool = False) -> dict:
     """A new config: with compat=original, each of `family`'s differences whose key this program
-    has and the user left at its default takes its original value. A key whose value differs from
-    its default was chosen by the user and is kept (the optimizer presets' rule)."""
+    has and the user did not set takes its original value. Inside a schema's prepare step the user
+    set the keys of given_keys() (config files, --key=value: also a key set to its default value);
+    elsewhere a key whose value differs from its default counts as set."""
     out = dict(cfg)
     if cfg.get("compat", "fixed") != "original":
         return out
     if family not in FAMILIES:
         raise UserError(f"compat=original: no original is known for this program (family {family!r})")
-    applied, kept = [], []
+    applied, kept, given = [], [], given_keys()
     for d in differences_of(family, cfg):
-        if cfg[d.key] != defaults.get(d.key, cfg[d.key]):
+        user_set = d.key in given if given is not None else cfg[d.key] != defaults.get(d.key, cfg[d.key])
+        if user_set:
             kept.append(f"{d.key}={cfg[d.key]!r}")
             continue
         out[d.key] = d.original

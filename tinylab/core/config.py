@@ -24,6 +24,7 @@ config file.
 import argparse
 import ast
 import contextlib
+import contextvars
 import dataclasses
 import difflib
 import io
@@ -38,6 +39,14 @@ from tinylab.core.errors import UserError
 from tinylab.core.outputs import KINDS, declared_inputs, force_of, guard_outputs, guard_parsed, tagged_actions
 
 TYPES = (bool, int, float, str, list, dict)
+# the keys the user set (a config file, --key=value, a tool's flag different from its default),
+# known while a schema's prepare step runs: compat=original leaves those keys alone
+_GIVEN_KEYS = contextvars.ContextVar("given_keys", default=None)
+
+
+def given_keys():
+    """The keys the user set, inside a schema's prepare step; None elsewhere."""
+    return _GIVEN_KEYS.get()
 # the usual ranges of numeric keys
 COUNT, NONNEG, POSITIVE, FRACTION = "[1, inf)", "[0, inf)", "(0, inf)", "[0, 1)"
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|-?[0-9.e+-]+)\s*,\s*(-?inf|-?[0-9.e+-]+)\s*([\])])$")
@@ -271,20 +280,24 @@ class Schema:
             else:
                 self._apply_file(cfg, sources, arg)
         expand_templates(cfg)
-        cfg, notices = self._prepared(cfg)
+        cfg, notices = self._prepared(cfg, set(sources))
         self.validate(cfg, sources)
         guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
         sys.stderr.write(notices)
         return cfg
 
-    def _prepared(self, cfg):
+    def _prepared(self, cfg, given):
         """The prepare step's config and its notices (compat=original's), held back so that
-        they are printed only for a config that then validates: a refused one is one error line."""
+        they are printed only for a config that then validates: a refused one is one error line.
+        `given`: the keys the user set (given_keys() while prepare runs)."""
         if self.prepare is None:
             return cfg, ""
-        notices = io.StringIO()
-        with contextlib.redirect_stderr(notices):
-            cfg = self.prepare(cfg)
+        notices, token = io.StringIO(), _GIVEN_KEYS.set(frozenset(given))
+        try:
+            with contextlib.redirect_stderr(notices):
+                cfg = self.prepare(cfg)
+        finally:
+            _GIVEN_KEYS.reset(token)
         return cfg, notices.getvalue()
 
     def _apply_file(self, cfg, sources, path):
@@ -357,7 +370,10 @@ class Schema:
         if missing:
             raise UserError(f"--{missing[0]} is required (see python {self.prog} --help)")
         sources = {n: f"--{n}" for n in self.keys}
-        cfg, notices = self._prepared(cfg)  # as a driver's config (compat=original fills keys)
+        # as a driver's config (compat=original fills keys); argparse cannot tell a flag given with
+        # its default value from one left out, so a tool's flag counts as set when it differs
+        given = {n for n, k in self.keys.items() if cfg[n] != k.default}
+        cfg, notices = self._prepared(cfg, given)
         for name in self.keys:
             setattr(ns, name, cfg[name])
         self.validate(cfg, sources)
