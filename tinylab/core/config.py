@@ -173,13 +173,17 @@ def _closest(value, choices):
 class Schema:
     """The keys of one program, in sections, with its cross-key rules.
 
-    `rules` are functions rule(cfg) that raise a UserError; `prepare(cfg)` (optional) runs between
-    parsing and validation and returns the config to validate (optimizer presets fill keys).
+    `rules` are functions rule(cfg) that raise a UserError; `prepare(cfg, sources)` (optional) runs
+    between parsing and validation and returns the config to validate (optimizer presets fill keys;
+    `sources` says where each key given came from: "--name", or a config file's path).
     `force_key`: the key that lets an existing output be replaced (outputs.py); by default
-    `force`, else `overwrite`, when the schema has one."""
+    `force`, else `overwrite`, when the schema has one. `refused`: {flag: why} for flags another
+    program's commands use that this one cannot honour; `--flag ...` is then that one line (a
+    flag that is also a key is refused only in the spaced form, `--flag VALUE`)."""
 
-    def __init__(self, prog: str, sections, rules=(), prepare=None, force_key=None):
+    def __init__(self, prog: str, sections, rules=(), prepare=None, force_key=None, refused=None):
         self.prog, self.sections, self.rules, self.prepare = prog, [(t, list(ks)) for t, ks in sections], list(rules), prepare
+        self.refused = dict(refused or {})
         self.keys, self.aliases = {}, {}
         for _, keys in self.sections:
             for k in keys:
@@ -251,9 +255,11 @@ class Schema:
             arg = argv.pop(0)
             if arg.startswith("--"):
                 body = arg[2:]
+                self._refuse(body)
                 spaced = self.keys.get(self.aliases.get(body, body))
                 if "=" not in body and spaced is not None and spaced.nargs is not None:
-                    cfg[spaced.name] = spaced.convert(_spaced_values(arg, spaced.nargs, argv), arg)
+                    values = _spaced_values(arg, spaced.nargs, argv)  # one value is text, as after '='
+                    cfg[spaced.name] = spaced.from_text(values, arg) if isinstance(values, str) else spaced.convert(values, arg)
                     sources[spaced.name] = arg
                     continue
                 if "=" not in body:
@@ -270,10 +276,15 @@ class Schema:
                 self._apply_file(cfg, sources, arg)
         expand_templates(cfg)
         if self.prepare is not None:
-            cfg = self.prepare(cfg)
+            cfg = self.prepare(cfg, sources)
         self.validate(cfg, sources)
         guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
         return cfg
+
+    def _refuse(self, body):
+        name = body.split("=", 1)[0]
+        if name in self.refused and ("=" not in body or self.aliases.get(name, name) not in self.keys):
+            raise UserError(f"--{name}: {self.refused[name]}")
 
     def _apply_file(self, cfg, sources, path):
         if not os.path.isfile(path):

@@ -105,7 +105,7 @@ CRITICAL_BATCH_SIZE = Key("critical_batch_size", True, "log the gradient-noise e
 
 # ---------------------------------------------------------------------- optimizer and schedule
 
-LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
+LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",), nargs=1)
 OPTIMIZER_KEYS = [
     Key("gradient_accumulation_steps", 4, "micro-steps per optimizer step, over all processes (divided among them)",
         range=COUNT),
@@ -121,7 +121,7 @@ OPTIMIZER_KEYS = [
     Key("beta1", 0.9, "AdamW beta1", range=FRACTION),
     Key("beta2", 0.95, "AdamW beta2", range=FRACTION),
     Key("adam_eps", 1e-8, "AdamW epsilon", range=POSITIVE),
-    Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG),
+    Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG, nargs=1),
     Key("decay_lr", True, "False: a constant learning_rate (llama2.c's flag)"),
     Key("min_lr", 0.0, "learning rate at the end of the decay", range=NONNEG),
     Key("lr_decay_iters", 0, "iterations over which the LR decays; 0 = max_iters", range=NONNEG),
