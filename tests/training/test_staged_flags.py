@@ -206,3 +206,13 @@ def test_resume_in_place_with_restart_and_reset_optimizer(tiny_corpus, tmp_path)
     assert sorted(got) == list(range(6 + 10 - 2 - 1))  # the in-place resume appends iterations 6 .. 12
     for k, it in enumerate(range(6, 13)):
         assert got[it] == pytest.approx(0.002 * original_lambda(3 + k, 2, 10, 2, 3), rel=1e-12, abs=1e-15)
+
+
+def test_fp16_trains_in_float16_with_the_loss_scaler(tiny_corpus, tmp_path):
+    """--fp16 is PTL's precision=16: autocast to float16 and a GradScaler (also on the CPU here)."""
+    proc = run_main("train.py", staged(tmp_path, "half", steps=2) + ["--fp16"]
+                    + [a for a in ours(tiny_corpus) if not a.startswith("--dtype=")])
+    assert proc.returncode == 0, proc.stderr
+    ckpt = load_checkpoint(str(tmp_path / "half"))
+    assert ckpt["config"]["dtype"] == "float16" and ckpt["scaler"]["scale"] > 0
+    assert "--fp16 -> dtype=float16" in proc.stderr

@@ -364,12 +364,15 @@ class Schema:
         return ns
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's: a value, not a flag (--gpu_count -1)
+
+
 def _spaced_values(flag, nargs, rest):
     """Take a spaced flag's values from the front of `rest` (argparse's rule: up to the next
-    argument that starts with '-')."""
+    argument that starts with '-' and is not a negative number)."""
     if nargs == 0:
         return True
-    n = next((i for i, a in enumerate(rest) if a.startswith("-")), len(rest))
+    n = next((i for i, a in enumerate(rest) if a.startswith("-") and not _NEGATIVE_NUMBER.match(a)), len(rest))
     if n == 0:
         raise UserError(f"{flag} needs a value ({flag} VALUE{' ...' if nargs == '+' else ''})")
     if nargs == 1:

@@ -138,8 +138,8 @@ def _targets(cfg, w):
         flags = " ".join(_spelt(n, cfg[n]) for n in ("save_dir", "save_prefix") if cfg[n] is not None)
         out = [(f, s) for f, s in out if not f.startswith(("--save_dir", "--save_prefix"))] + [(flags, {"out_dir": folder})]
     if cfg.get("train_steps") is not None or cfg.get("warmup_steps") is not None:
-        for key, value in (("lr_schedule", "linear"), ("min_lr", 0.0), ("lr_decay_iters", 0)):  # decay to 0 at the end
-            out.append(("(the original's schedule)", {key: value}))
+        # get_linear_schedule_with_warmup: linear warmup, then a straight line to 0 at train_steps
+        out.append(("(the original's schedule)", {"lr_schedule": "linear", "min_lr": 0.0, "lr_decay_iters": 0}))
     return out
 
 
@@ -147,8 +147,12 @@ def translate(cfg, sources) -> dict:
     """A new config with the staged-training flags given mapped onto our keys. A key a flag sets
     overrides a config file's value; the same key set on the command line to another value is
     refused. The schedule's shape (linear decay to 0) is set only where the user set none. `notice(cfg)` says what was done, once the config has passed its checks."""
-    if not given(cfg):
+    names = given(cfg)
+    if not names:
         return dict(cfg)
+    keys = {k.name: k for k in STAGED_FLAG_KEYS}
+    for name in names:  # the flags' own values first, so that a bad one is named as written
+        keys[name].validate(cfg[name], sources.get(name, f"--{name}"))
     if cfg.get("resume") is not None and cfg.get("resume_model_only") is not None:
         raise UserError("--resume and --resume_model_only both say where the run starts: give one")
     out = dict(cfg)
@@ -175,10 +179,10 @@ def notice(cfg):
     for flag, sets in _targets(cfg, world_size()):
         if isinstance(sets, str):
             said.append(f"{flag} -> {sets}")
-        elif all(cfg[k] == v for k, v in sets.items()):
-            said.append(f"{flag} -> " + ", ".join(f"{k}={v}" for k, v in sets.items()))
-        else:
-            said.append(", ".join(f"{k}={cfg[k]} (kept as set; the original's is {v})" for k, v in sets.items()))
+        else:  # (only an implied key can differ: a clash is refused)
+            said.append(f"{flag} -> " + ", ".join(f"{k}={v}" if cfg[k] == v else
+                                                  f"{k}={cfg[k]} (kept as set; the original's is {v})"
+                                                  for k, v in sets.items()))
     doubled = doubled_checkpoint(cfg)
     if doubled is not None and cfg["resume_ckpt"] == doubled:
         said.append(f"{doubled} exists -> resume_ckpt={doubled} (gpt_pretrain.py trains from it)")
