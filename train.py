@@ -55,15 +55,21 @@ def grow_and_exit(cfg) -> bool:
     if cfg["compat"] == "original" and "compat" in GROW.keys:
         argv.append("--compat=original")
     grow.main(argv)
+    say_translation(cfg)
     print(f"the grown checkpoint is trained by this command run again, or by --resume {doubled_checkpoint(cfg)}")
     return True
 
 
-def main(argv=None):
-    cfg = TRAIN.parse(argv)  # every value checked; nothing is written before this
-    said = notice(cfg)  # the staged-training flags' translation, once the config has passed its checks
+def say_translation(cfg):
+    """The staged-training flags' translation, once (rank 0), when nothing can refuse the run any
+    more (an error stays the one line on stderr)."""
+    said = notice(cfg)
     if said and os.environ.get("RANK", "0") == "0":
         print(said, file=sys.stderr)
+
+
+def main(argv=None):
+    cfg = TRAIN.parse(argv)  # every value checked; nothing is written before this
     if grow_and_exit(cfg):
         return
     data = LMDataOptions.from_config(cfg)
@@ -107,6 +113,7 @@ def main(argv=None):
         if cfg["export_bin"]:  # model.bin beside every checkpoint (llama2.c v0, for run.c)
             trainer.save_hooks["export_bin"] = write_bin_beside
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
+        say_translation(cfg)
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "
                   f"dim {model.params.dim}")

@@ -55,6 +55,8 @@ CASES = [
     # a flag and our key saying different things; two starting points
     (["--max_iters=5"], "--train_steps 6 means max_iters=6, but --max_iters=5 is given too: give one"),
     (["--resume", "{ckpt}", "--resume_model_only", "{ckpt}"], "--resume and --resume_model_only both say"),
+    # save_dir/save_prefix is the run folder: a new run into one that holds a run is refused
+    (["--save_prefix", "small"], "already holds a run"),
     # the restart flags
     (["--restart_steps", "2"], "restart a resumed run: give --resume CHECKPOINT"),
     (["--resume", "{ckpt}", "--restart_warmup_steps", "2"], "--restart_warmup_steps needs --restart_steps"),

@@ -58,7 +58,7 @@ _FLAGS = [
     _flag("save_dir", None, "the run folder is save_dir/save_prefix (-> out_dir; default runs/)",
           lambda v, w: {}, type=str, nonempty=True),
     _flag("save_prefix", None, "the run folder is save_dir/save_prefix (-> out_dir; default test)",
-          lambda v, w: {}, type=str, nonempty=True),
+          lambda v, w: {}, type=str, nonempty=True, output="run", output_path=False),  # (out_dir's guard)
     _flag("resume", None, "continue this checkpoint (a file, or a folder holding ckpt.pt): weights, optimizer, "
           "schedule position (-> init_from=resume_train, resume_ckpt)",
           lambda v, w: {"init_from": "resume_train", "resume_ckpt": _checkpoint(v)}, type=str, nonempty=True,
