@@ -12,6 +12,9 @@ evaluation losses on named datasets and the generation evaluation, is tinylab/ev
 probes=True / lenses=True train the original's per-layer heads on the frozen model instead
 (tinylab/eval/probes.py; docs/evaluation.md).
 """
+import os
+import sys
+
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import Shape, check_training
 from tinylab.data.options import LMDataOptions
@@ -19,9 +22,10 @@ from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.eval.lm_eval import GenerationOptions, LMEvaluator, dataset_vocab, lm_tokenizer
 from tinylab.eval.probes import HeadsEvaluator, check_feature_labels, heads_for_config
 from tinylab.growth.hook import GrowthHook
-from tinylab.schema import TRAIN
+from tinylab.schema import GROW, TRAIN
 from tinylab.training.export_hook import write_bin_beside
 from tinylab.training.options import TrainerOptions
+from tinylab.training.restart import RestartOptions
 from tinylab.training.setup import (
     Run,
     fit_and_close,
@@ -31,14 +35,43 @@ from tinylab.training.setup import (
     start_run,
     training_state,
 )
+from tinylab.training.staged_flags import doubled_checkpoint, notice
 from tinylab.training.trainer import Trainer
 from tinylab.training.warmup import BatchWarmup
 
 SCHEMA = TRAIN  # sweep.py reads a program's keys from here
 
 
+def grow_and_exit(cfg) -> bool:
+    """staged-training's `--doubling weights|layers --resume X` (gpt_pretrain.py:1362-1453): grow X
+    into X.doubled_weights / X.doubled_layer with grow.py and stop; the same command run again
+    trains from that file (the translation resumes it). The restart flags act when it is resumed."""
+    if cfg["doubling"] is None or cfg["resume_ckpt"] == doubled_checkpoint(cfg):
+        return False
+    import grow
+    argv = ["--doubling", cfg["doubling"], "--resume", cfg["resume_ckpt"]]
+    if cfg["doubling_layers"] is not None:
+        argv += ["--doubling_layers", cfg["doubling_layers"]]
+    if cfg["compat"] == "original" and "compat" in GROW.keys:
+        argv.append("--compat=original")
+    grow.main(argv)
+    say_translation(cfg)
+    print(f"the grown checkpoint is trained by this command run again, or by --resume {doubled_checkpoint(cfg)}")
+    return True
+
+
+def say_translation(cfg):
+    """The staged-training flags' translation, once (rank 0), when nothing can refuse the run any
+    more (an error stays the one line on stderr)."""
+    said = notice(cfg)
+    if said and os.environ.get("RANK", "0") == "0":
+        print(said, file=sys.stderr)
+
+
 def main(argv=None):
     cfg = TRAIN.parse(argv)  # every value checked; nothing is written before this
+    if grow_and_exit(cfg):
+        return
     data = LMDataOptions.from_config(cfg)
     cfg["vocab_size"] = dataset_vocab(cfg)[1]  # the model's (32000 with vocab_source=llama2)
     manifest = check_dataset(data.data_cache_dir, data.layout_vocab, data.dataset_name, data.tokenizer_model)
@@ -70,17 +103,21 @@ def main(argv=None):
         else:
             batches = heads.batches(batches, tokenizer)
             evaluator = HeadsEvaluator(cfg, run, tokenizer, generation, heads)
-        trainer = Trainer(TrainerOptions.from_config(cfg), run, model, batches, evaluator, training_state(cfg, ckpt),
+        state = training_state(cfg, ckpt)
+        if state is not None:  # staged-training's restart flags (a resumed run)
+            state = RestartOptions.from_config(cfg).apply(state, cfg, log=print if run.master else (lambda _: None))
+        trainer = Trainer(TrainerOptions.from_config(cfg), run, model, batches, evaluator, state,
                           config=cfg, generation_every=generation.interval_multiplier,
                           batch_warmup=BatchWarmup.from_config(cfg), critical_batch_size=cfg["critical_batch_size"],
                           heads=heads)
         if cfg["export_bin"]:  # model.bin beside every checkpoint (llama2.c v0, for run.c)
             trainer.save_hooks["export_bin"] = write_bin_beside
         start_run(run_dir, cfg, trainer)  # the first write: everything above may still refuse the run
+        say_translation(cfg)
         if run.master:
             print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.params.n_layers} layers, "
                   f"dim {model.params.dim}")
-        growth = GrowthHook.from_config(cfg, training_state(cfg, ckpt))
+        growth = GrowthHook.from_config(cfg, state)
         if growth is not None:
             trainer.step_hooks["growth"] = growth
         evaluator.logger = trainer.logger

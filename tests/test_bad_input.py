@@ -1132,6 +1132,7 @@ OUTPUT_CASES = {
     # run folders: rundir.RunDir's rules, which the cases of the table above test (an existing run is
     # refused without --overwrite=True and then moved aside, a file in the way, a read-only folder)
     ("train.py:SCHEMA", "out_dir"): dict(run=True),
+    ("train.py:SCHEMA", "save_prefix"): dict(run=True),  # save_dir/save_prefix is out_dir (test_staged_flags_bad_input)
     ("finetune_t0.py:SCHEMA", "out_dir"): dict(run=True),
     ("evaluation/eval_wikitext.py train", "log_dir"): dict(run=True),
 }

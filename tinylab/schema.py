@@ -68,6 +68,8 @@ from tinylab.training.options import (
     check_schedule,
 )
 from tinylab.training.presets import apply_optimizer_preset
+from tinylab.training.restart import check_restart
+from tinylab.training.staged_flags import REFUSED, STAGED_FLAG_KEYS, check_staged_flags, given, translate
 from tinylab.training.warmup import WARMUP_KEYS, check_warmups
 
 # ---------------------------------------------------------------------- train.py's data section: the data keys, the warmups
@@ -78,12 +80,15 @@ LM_DATA = [
 
 
 def train_family(cfg) -> str:
-    """The original compat=original reproduces for a train.py run: the TinyStories study's train.py."""
-    return "study"
+    """The original compat=original reproduces for a train.py run: staged-training's gpt_pretrain.py
+    when the run uses its flags (tinylab/training/staged_flags.py) or grows (grow_schedule), else the
+    TinyStories study's train.py."""
+    return "staged" if given(cfg) or cfg["grow_schedule"] else "study"
 
 
-def prepare_train(cfg):
+def prepare_train(cfg, sources):
     defaults = TRAIN.defaults()
+    cfg = translate(cfg, sources)  # staged-training's flags onto our keys, said once
     return apply_compat(apply_optimizer_preset(cfg, defaults), defaults, train_family(cfg))
 
 
@@ -93,9 +98,10 @@ TRAIN = Schema("train.py", [
     ("Adafactor", ADAFACTOR_KEYS), ("staged training: growth inside the run", GROWTH_KEYS),
     ("generation evaluation", GENERATION_KEYS), ("system", SYSTEM_KEYS),
     ("the original codebases' behaviour (docs/originals.md)", [COMPAT]),
+    ("staged-training's gpt_pretrain.py flags, spelt --flag VALUE (docs/growth.md)", STAGED_FLAG_KEYS),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
-       check_heads, check_parallelism],
-    prepare=prepare_train)
+       check_heads, check_parallelism, check_staged_flags, check_restart],
+    prepare=prepare_train, refused=REFUSED)
 
 
 # ---------------------------------------------------------------------- finetune_t0.py
@@ -111,7 +117,7 @@ def check_t0(cfg):
         check_init(cfg)
 
 
-def prepare_t0(cfg):
+def prepare_t0(cfg, sources=None):
     defaults = FINETUNE_T0.defaults()
     out = apply_optimizer_preset(cfg, defaults)
     for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
@@ -130,7 +136,7 @@ FINETUNE_T0 = TRAIN.derive(
           INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
                        "resume_train: continue out_dir")],
     # the model's shape comes from the base checkpoint; these are language-modelling keys
-    drop=[k.name for k in LM_DATA + GROWTH_KEYS + GENERATION_KEYS + HEADS_KEYS] + [k.name for k in MODEL_KEYS
+    drop=[k.name for k in LM_DATA + GROWTH_KEYS + GENERATION_KEYS + HEADS_KEYS + STAGED_FLAG_KEYS] + [k.name for k in MODEL_KEYS
                                                                                    if k is not DROPOUT],
     sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
               ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START)],
@@ -154,7 +160,7 @@ SAMPLE = Schema("sample.py", [
 
 
 
-def prepare_grow(cfg):
+def prepare_grow(cfg, sources=None):
     """compat=original: staged-training's operators (its family's keys grow.py has); planning has none."""
     if cfg["plan"]:
         return cfg

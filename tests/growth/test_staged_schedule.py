@@ -165,7 +165,8 @@ def test_grow_restart_flags_end_to_end(small_ckpt, tmp_path):
                                 "--reset_optimizer"])
     assert proc.returncode == 0, proc.stderr
     g = load_checkpoint(out)
-    assert g["optimizer"] is None and g["lr_rewarmup"] == {"start": 30, "iters": 5, "shift": 30 - 13, "ramp_from": 12}
+    assert g["optimizer"] is None and g["lr_rewarmup"] == {"start": 30, "iters": 5, "shift": 30 - 13, "ramp_from": 12,
+                                                                "restart_steps": 12}
     assert "schedule position 13 (was 30)" in proc.stdout and "optimizer state reset" in proc.stdout
 
 

@@ -184,13 +184,17 @@ def _closest(value, choices):
 class Schema:
     """The keys of one program, in sections, with its cross-key rules.
 
-    `rules` are functions rule(cfg) that raise a UserError; `prepare(cfg)` (optional) runs between
-    parsing and validation and returns the config to validate (optimizer presets fill keys).
+    `rules` are functions rule(cfg) that raise a UserError; `prepare(cfg, sources)` (optional) runs
+    between parsing and validation and returns the config to validate (optimizer presets fill keys;
+    `sources` says where each key given came from: "--name", or a config file's path).
     `force_key`: the key that lets an existing output be replaced (outputs.py); by default
-    `force`, else `overwrite`, when the schema has one."""
+    `force`, else `overwrite`, when the schema has one. `refused`: {flag: why} for flags another
+    program's commands use that this one cannot honour; `--flag ...` is then that one line (a
+    flag that is also a key is refused only in the spaced form, `--flag VALUE`)."""
 
-    def __init__(self, prog: str, sections, rules=(), prepare=None, force_key=None):
+    def __init__(self, prog: str, sections, rules=(), prepare=None, force_key=None, refused=None):
         self.prog, self.sections, self.rules, self.prepare = prog, [(t, list(ks)) for t, ks in sections], list(rules), prepare
+        self.refused = dict(refused or {})
         self.keys, self.aliases = {}, {}
         for _, keys in self.sections:
             for k in keys:
@@ -262,9 +266,11 @@ class Schema:
             arg = argv.pop(0)
             if arg.startswith("--"):
                 body = arg[2:]
+                self._refuse(body)
                 spaced = self.keys.get(self.aliases.get(body, body))
                 if "=" not in body and spaced is not None and spaced.nargs is not None:
-                    cfg[spaced.name] = spaced.convert(_spaced_values(arg, spaced.nargs, argv), arg)
+                    values = _spaced_values(arg, spaced.nargs, argv)  # one value is text, as after '='
+                    cfg[spaced.name] = spaced.from_text(values, arg) if isinstance(values, str) else spaced.convert(values, arg)
                     sources[spaced.name] = arg
                     continue
                 if "=" not in body:
@@ -280,25 +286,30 @@ class Schema:
             else:
                 self._apply_file(cfg, sources, arg)
         expand_templates(cfg)
-        cfg, notices = self._prepared(cfg, set(sources))
+        cfg, notices = self._prepared(cfg, sources)
         self.validate(cfg, sources)
         guard_outputs(self, cfg)  # the outputs it names, before anything is read or written
         sys.stderr.write(notices)
         return cfg
 
-    def _prepared(self, cfg, given):
-        """The prepare step's config and its notices (compat=original's), held back so that
+    def _prepared(self, cfg, sources):
+        """prepare(cfg, sources)'s config and its notices (compat=original's), held back so that
         they are printed only for a config that then validates: a refused one is one error line.
-        `given`: the keys the user set (given_keys() while prepare runs)."""
+        `sources`: where each key the user set came from (given_keys() while prepare runs)."""
         if self.prepare is None:
             return cfg, ""
-        notices, token = io.StringIO(), _GIVEN_KEYS.set(frozenset(given))
+        notices, token = io.StringIO(), _GIVEN_KEYS.set(frozenset(sources))
         try:
             with contextlib.redirect_stderr(notices):
-                cfg = self.prepare(cfg)
+                cfg = self.prepare(cfg, sources)
         finally:
             _GIVEN_KEYS.reset(token)
         return cfg, notices.getvalue()
+
+    def _refuse(self, body):
+        name = body.split("=", 1)[0]
+        if name in self.refused and ("=" not in body or self.aliases.get(name, name) not in self.keys):
+            raise UserError(f"--{name}: {self.refused[name]}")
 
     def _apply_file(self, cfg, sources, path):
         if not os.path.isfile(path):
@@ -372,7 +383,7 @@ class Schema:
         sources = {n: f"--{n}" for n in self.keys}
         # as a driver's config (compat=original fills keys); argparse cannot tell a flag given with
         # its default value from one left out, so a tool's flag counts as set when it differs
-        given = {n for n, k in self.keys.items() if cfg[n] != k.default}
+        given = {n: f"--{n}" for n, k in self.keys.items() if cfg[n] != k.default}
         cfg, notices = self._prepared(cfg, given)
         for name in self.keys:
             setattr(ns, name, cfg[name])
@@ -385,12 +396,15 @@ class Schema:
         return ns
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's: a value, not a flag (--gpu_count -1)
+
+
 def _spaced_values(flag, nargs, rest):
     """Take a spaced flag's values from the front of `rest` (argparse's rule: up to the next
-    argument that starts with '-')."""
+    argument that starts with '-' and is not a negative number)."""
     if nargs == 0:
         return True
-    n = next((i for i, a in enumerate(rest) if a.startswith("-")), len(rest))
+    n = next((i for i, a in enumerate(rest) if a.startswith("-") and not _NEGATIVE_NUMBER.match(a)), len(rest))
     if n == 0:
         raise UserError(f"{flag} needs a value ({flag} VALUE{' ...' if nargs == '+' else ''})")
     if nargs == 1:

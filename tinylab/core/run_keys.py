@@ -28,7 +28,8 @@ OVERWRITE = Key("overwrite", False, "a new run (scratch, resume_model) into an o
                 "the old run aside to <out_dir>.previous-<time> instead of refusing")
 START_KEYS = [OUT_DIR, MODEL_DIR, INIT, RESUME_CKPT, OVERWRITE]
 
-SEED = Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range=NONNEG)
+SEED = Key("seed", 1337, "seed of every random choice (data order, initial weights, dropout, sampling)", range=NONNEG,
+           nargs=1)
 
 
 @dataclass(frozen=True)

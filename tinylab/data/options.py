@@ -10,7 +10,8 @@ from typing import Optional
 from tinylab.core.config import Key
 from tinylab.data.records import dataset_dir
 
-BATCH_SIZE = Key("batch_size", 128, "micro-batch size (sequences per forward pass)", range="[1, inf)")
+BATCH_SIZE = Key("batch_size", 128, "micro-batch size (sequences per forward pass) in each process", range="[1, inf)",
+                 nargs=1)
 MAX_SEQ_LEN = Key("max_seq_len", 256, "context length in tokens", range="[1, inf)")
 TOKENIZER_MODEL = Key("tokenizer_model", "", "sentencepiece .model to use instead of the default one", input=True)
 DATA_CACHE_DIR = Key("data_cache_dir", "data", "where raw shards, tokenizers and pretokenized datasets live",

@@ -23,6 +23,7 @@ from tinylab.core.errors import UserError, first_line
 from tinylab.growth.ops import OPERATORS
 from tinylab.growth.ops.base import check_limits, meta_model
 from tinylab.growth.optimizer_state import optimizer_state_by_name, optimizer_state_dict
+from tinylab.training.restart import check_restart_fits, restart_rewarmup
 
 WEIGHTS_MISMATCH = "the checkpoint's weights do not match its model_args (incompatible shapes or names)"
 
@@ -86,30 +87,18 @@ def check_restart(opts, cfg):
     """--restart_steps S and --restart_warmup_steps R against the checkpoint's config `cfg`: the
     grown run trains from position S + 1 until its position reaches max_iters, so S must lie
     before the schedule's end and the re-warmup (positions S .. S + R) must end by max_iters."""
-    s, r = opts.restart_steps, opts.restart_warmup_steps
-    if s is None:
-        return
-    end = cfg["lr_decay_iters"] or cfg["max_iters"]
-    if s >= cfg["max_iters"] or s >= end:
-        raise UserError(f"--restart_steps={s} is beyond the run's schedule (max_iters={cfg['max_iters']}, "
-                        f"lr_decay_iters={cfg['lr_decay_iters']}): the grown run would have nothing left to train")
-    if r > cfg["max_iters"] - s:
-        raise UserError(f"--restart_warmup_steps={r} is longer than what is left of the schedule after "
-                        f"--restart_steps={s}: max_iters={cfg['max_iters']} (the checkpoint's config) - {s} = "
-                        f"{cfg['max_iters'] - s} steps; the grown run would end inside its re-warmup")
+    check_restart_fits(opts.restart_steps, opts.restart_warmup_steps, cfg["max_iters"], cfg["lr_decay_iters"])
 
 
 def restart_schedule(ckpt, opts, cfg):
     """grow.py --restart_steps S [--restart_warmup_steps R] (staged-training's restart): the grown
     run's first step is at schedule position S + 1, re-warming linearly from position S over R
     steps (optim.lr_at); iteration counting and data continue. Without --reset_lr_scheduler the
-    checkpoint's peak learning rate stays (a restored LambdaLR keeps its base_lrs)."""
+    checkpoint's peak learning rate stays (a restored LambdaLR keeps its base_lrs). The same
+    record as train.py's restart of a resumed run (tinylab/training/restart.py)."""
     check_restart(opts, cfg)
-    it, s = ckpt["iter_num"], opts.restart_steps
-    rewarmup = {"start": it, "iters": opts.restart_warmup_steps, "shift": it - (s + 1), "ramp_from": s}
-    if not opts.reset_lr_scheduler:
-        rewarmup["base_lr"] = cfg["learning_rate"]
-    return rewarmup
+    base_lr = None if opts.reset_lr_scheduler else cfg["learning_rate"]
+    return restart_rewarmup(ckpt["iter_num"], opts.restart_steps, opts.restart_warmup_steps, base_lr)
 
 
 def grow_checkpoint(ckpt: dict, opts, cfg: dict) -> dict:

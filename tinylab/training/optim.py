@@ -199,7 +199,8 @@ def lr_at(it, schedule, rewarmup=None):
     (pos - R) / R_w * schedule(R + R_w), a ramp from 0 at position R to the schedule's value at
     R + R_w, then the schedule. Target mode puts R at the growth iteration's position (S_target,
     so the first step after growth has LR 0); grow.py --restart_steps S puts R = S and the first
-    step at S + 1, which is staged-training's get_restart_linear_schedule_with_warmup exactly.
+    step at S + 1, which is staged-training's get_restart_linear_schedule_with_warmup exactly
+    (`restart_steps` in the record: its branch for steps inside the warmup included).
     `base_lr` (grow.py without --reset_lr_scheduler) keeps the small run's peak learning rate,
     as a restored LambdaLR keeps its base_lrs.
     """
@@ -211,7 +212,13 @@ def lr_at(it, schedule, rewarmup=None):
     pos = it - shift
     ramp_from = rewarmup.get("ramp_from", rewarmup.get("start", 0) - shift)
     if iters > 0 and ramp_from <= pos < ramp_from + iters:
-        return (pos - ramp_from) / iters * schedule_lr(ramp_from + iters, schedule)
+        target = schedule_lr(ramp_from + iters, schedule)
+        if "restart_steps" in rewarmup and pos < schedule.warmup_iters and schedule.decays \
+                and schedule.lr_schedule != "cosine":
+            # staged-training's restart inside the warmup ramps to the warmup line at R + R_w, extended
+            # past the peak when R + R_w > warmup (gpt_pretrain.py:71-73)
+            target = schedule.learning_rate * (ramp_from + iters) / schedule.warmup_iters
+        return (pos - ramp_from) / iters * target
     return schedule_lr(pos, schedule)
 
 

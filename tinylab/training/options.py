@@ -106,7 +106,7 @@ CRITICAL_BATCH_SIZE = Key("critical_batch_size", True, "log the gradient-noise e
 
 # ---------------------------------------------------------------------- optimizer and schedule
 
-LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",))
+LR = Key("learning_rate", 5e-4, "peak learning rate", range=NONNEG, aliases=("lr",), nargs=1)
 # the study's train.py forwarded the step's first micro-batch at every micro-step (its do_update
 # read the fresh batch into names the loop never used): trainer._micro_steps
 SAME_BATCH_ACCUMULATION = Key("same_batch_accumulation", False, "True: every micro-step forwards the step's batch, "
@@ -151,7 +151,7 @@ OPTIMIZER_KEYS = [
     BETA2,
     ADAM_EPS,
     ADAM_BIAS_CORRECTION,
-    Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG),
+    Key("grad_clip", 1.0, "clip the gradient norm to this; 0 disables clipping", range=NONNEG, nargs=1),
     Key("decay_lr", True, "False: a constant learning_rate (llama2.c's flag)"),
     Key("min_lr", 0.0, "learning rate at the end of the decay", range=NONNEG),
     Key("lr_decay_iters", 0, "iterations over which the LR decays; 0 = max_iters", range=NONNEG),
