@@ -3,7 +3,7 @@
     python export.py out/model.bin --version=0 --checkpoint=out/ckpt.pt   # llama2.c run.c (legacy)
     python export.py out/model.bin --version=1 --checkpoint=out/ckpt.pt   # llama2.c fp32 + header
     python export.py out/model.bin --version=2 --checkpoint=out/ckpt.pt   # llama2.c runq.c, int8 Q8_0
-    python export.py out/hf --version=-1 --checkpoint=out/ckpt.pt [--tokenizer=tok.model]  # HF Llama dir
+    python export.py out/hf --version=-1 --checkpoint=out/ckpt.pt [--tokenizer=tok.model]  # HF Llama dir (+ AutoTokenizer)
     python export.py --tokenizer=tokenizers/tok8192.model out/tok8192.bin  # run.c tokenizer .bin
     python export.py out/imported --import_hf=path/to/hf_llama_dir        # HF Llama -> ckpt.pt
     python export.py out/imported --import_bin=model.bin                  # llama2.c .bin -> ckpt.pt
@@ -32,7 +32,8 @@ SCHEMA = Schema("export.py", [("export / import", [
         "-1 = HF Llama folder. Refused in other modes", type=int, choices=(-1, 0, 1, 2)),
     Key("checkpoint", None, "our checkpoint (ckpt.pt or its folder) to export", type=str, nonempty=True, input=True),
     Key("tokenizer", None, "sentencepiece .model: alone, write run.c's tokenizer .bin; with --version=-1, add it to "
-        "the HF folder; with a .bin export, write tokenizer.bin beside it", type=str, nonempty=True, input=True),
+        "the HF folder (with the tokenizer.json AutoTokenizer loads); with a .bin export, write tokenizer.bin beside it",
+        type=str, nonempty=True, input=True),
     Key("group_size", None, "Q8_0 group size for --version=2 (default 64, halved until it divides dim); refused "
         "with other versions", type=int, range="[1, inf)"),
     Key("import_hf", None, "HF LlamaForCausalLM folder to import as our checkpoint", type=str, nonempty=True,

@@ -433,6 +433,37 @@ def test_hf_cli_with_tokenizer_and_import_of_a_native_hf_model(tmp_path):
     assert ck["model_args"]["hidden_dim"] == 40 and ck["model_args"]["n_kv_heads"] == 2 and not ck["model_args"]["tie_embeddings"]
 
 
+def test_hf_export_generates_our_greedy_text(tmp_path):
+    """The exported folder as every HF tool loads it: AutoTokenizer -> AutoModelForCausalLM.generate
+    -> decode gives exactly the ids and text of our own greedy generation (decoded by sentencepiece)."""
+    import sentencepiece as spm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = shared_tiny_model(seed=3, vocab_size=8192, max_seq_len=64, tie_embeddings=False).eval()
+    with torch.no_grad():  # sharper than at init, so greedy choices are far from ties
+        for name, p in model.named_parameters():
+            if name.endswith(("wq.weight", "wk.weight", "output.weight")):
+                p.mul_(10.0)
+    ckpt = save_tiny(tmp_path / "ckpt.pt", model)
+    run_main("export.py", [str(tmp_path / "hf"), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={TOK8192}"],
+             check=True)
+    sp = spm.SentencePieceProcessor(model_file=TOK8192)
+    prompt = "Once upon a time, there was a little girl named Lily."
+    prompt_ids = [sp.bos_id()] + sp.encode(prompt)
+    ours = model.generate(torch.tensor([prompt_ids]), 24, temperature=0.0)[0].tolist()
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    llama = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    enc = tok(prompt, return_tensors="pt")
+    assert enc["input_ids"][0].tolist() == prompt_ids
+    theirs = llama.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=sp.eos_id())[0].tolist()
+    assert sp.eos_id() not in theirs and theirs == ours  # all 24 tokens generated, none of them EOS
+    text = tok.decode(theirs[len(prompt_ids):], skip_special_tokens=True)
+    assert text == sp.decode(ours[len(prompt_ids):]) and len(text) > 20
+    with torch.no_grad():  # and the logits along the way
+        err = (llama(torch.tensor([ours])).logits - model(torch.tensor([ours]), all_logits=True)).abs().max()
+    assert err <= 1e-4
+
+
 # ---------------------------------------------------------------------- bad input
 
 def test_bad_input_one_line_and_nothing_written(tmp_path):

@@ -21,13 +21,14 @@ from model import ModelArgs, Transformer
 from tinylab.core.checkpoint import FORMAT_VERSION, load_weights, model_args_dict
 from tinylab.core.errors import UserError, first_line
 from tinylab.core.fileio import building_dir  # temp name + rename; a failure leaves nothing
+from tinylab.interop.hf_tokenizer import HF_TOKENIZER_FILES, tokenizer_files, write_tokenizer_files
 from tinylab.interop.llama2c import (  # the tie test, the fp32 layout and the tokenizer reader are shared
     fp32_bytes,
     load_sentencepiece,
     shared_classifier,
 )
 
-HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json")
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model") + HF_TOKENIZER_FILES
 
 
 # ---------------------------------------------------------------------- RoPE row layout
@@ -188,11 +189,14 @@ def read_torch_weights(path):
 
 
 def export_hf(model, out_dir, tokenizer=None, permute=True, log=print):
-    bos_id, eos_id = 1, 2
+    """The HF folder: config, generation config, weights and, with a sentencepiece `tokenizer`, the
+    original tokenizer.model plus the tokenizer.json / configs AutoTokenizer loads (hf_tokenizer.py).
+    Everything is checked (and the tokenizer converted) before the folder is touched."""
+    bos_id, eos_id, tok_files = 1, 2, {}
     if tokenizer is not None:
         sp = load_sentencepiece(tokenizer)
         bos_id, eos_id = sp.bos_id(), sp.eos_id()
-        special = {"bos_token": sp.id_to_piece(bos_id), "eos_token": sp.id_to_piece(eos_id), "unk_token": sp.id_to_piece(sp.unk_id())}
+        tok_files = tokenizer_files(tokenizer, model.params.max_seq_len)
         if sp.get_piece_size() != model.params.vocab_size:
             print(f"warning: tokenizer has {sp.get_piece_size()} pieces, the model's vocab_size is {model.params.vocab_size}", file=sys.stderr)
     if os.path.exists(out_dir):
@@ -211,12 +215,8 @@ def export_hf(model, out_dir, tokenizer=None, permute=True, log=print):
         with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
             write_safetensors(f, hf_state_dict(model, permute))
         if tokenizer is not None:
-            shutil.copyfile(tokenizer, os.path.join(tmp, "tokenizer.model"))
-            tok_config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
-                          **special, "pad_token": None, "model_max_length": model.params.max_seq_len, "legacy": True,
-                          "clean_up_tokenization_spaces": False}
-            with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
-                json.dump(tok_config, f, indent=2)
+            shutil.copyfile(tokenizer, os.path.join(tmp, "tokenizer.model"))  # for sentencepiece / llama.cpp users
+            write_tokenizer_files(tok_files, tmp)
     log(f"wrote {out_dir} (HF LlamaForCausalLM, fp32 safetensors{', tokenizer' if tokenizer else ''})")
 
 
