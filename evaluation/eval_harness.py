@@ -23,7 +23,16 @@ from tinylab.core.config import Key
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import check_model_batch
 from tinylab.eval.common import emit, load_for_args
-from tinylab.eval.harness import check_tasks, evaluate, harness_lm, require_lm_eval, results_table, task_manager
+from tinylab.eval.harness import (
+    check_generation_settings,
+    check_tasks,
+    evaluate,
+    harness_lm,
+    load_tasks,
+    require_lm_eval,
+    results_table,
+    task_manager,
+)
 from tinylab.eval.keys import EVAL_KEYS
 from tinylab.schema import EVAL
 
@@ -48,13 +57,17 @@ def main(argv=None):
         raise UserError("--tasks: give at least one task name")
     if a.limit >= 1 and a.limit != int(a.limit):
         raise UserError(f"--limit={a.limit:g}: a count of documents must be whole (or a fraction below 1)")
+    if not os.path.exists(a.checkpoint):
+        raise UserError(f"checkpoint not found: {a.checkpoint}")
     if a.include_path and not os.path.isdir(a.include_path):
         raise UserError(f"--include_path={a.include_path}: no such folder")
     require_lm_eval()  # before the model is loaded: a missing harness is one line, at once
     manager = task_manager(a.include_path)
-    tasks = check_tasks(manager, a.tasks)
+    names = check_tasks(manager, a.tasks)
     model, ckpt, tok = load_for_args(a)
     check_model_batch(model, a.batch_size, model.params.max_seq_len, "--batch_size")
+    tasks, by_name = load_tasks(manager, names)
+    check_generation_settings(by_name, model.params.max_seq_len)
     lm = harness_lm(model, tok, batch_size=a.batch_size, seed=a.seed)
     limit = None if a.limit == 0 else (int(a.limit) if a.limit >= 1 else a.limit)
     results = evaluate(lm, manager, tasks, a.num_fewshot, limit, a.seed, a.bootstrap_iters)

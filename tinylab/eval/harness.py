@@ -139,10 +139,7 @@ class HarnessAdapter:
         kw = dict(normalize_gen_kwargs(dict(gen_kwargs or {}), self.max_gen_toks))
         until, new = kw.pop("until") or [], kw.pop("max_gen_toks")
         temperature, top_k = sampling_of(kw)
-        room = self.max_length - new
-        if room <= 0:
-            raise UserError(f"a task asks for max_gen_toks={new} new tokens, which leaves no room for its context "
-                            f"in the model's window (max_seq_len={self.max_length})")
+        room = room_for_context(new, self.max_length)
         prompts = [self.tok_encode(c)[-room:] for c in contexts]
         rows = self._decode_until(prompts, new, until, temperature, top_k)
         return [postprocess_generated_text(self.tok_decode(r), until, None) for r in rows]
@@ -210,10 +207,53 @@ def check_tasks(manager, names):
     return manager.match_tasks(list(names))
 
 
+def load_tasks(manager, names):
+    """(the tasks and groups `names` asked for, every task by name), built once: their datasets
+    are read here (without datasets' progress bars), so their settings can be checked before the run."""
+    import datasets
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        loaded = manager.load(list(names))
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    children = {c for kids in loaded["group_map"].values() for c in kids}
+    top = [g for n, g in loaded["groups"].items() if n not in children]
+    top += [t for n, t in loaded["tasks"].items() if n not in children]
+    return top, loaded["tasks"]
+
+
+def check_generation_settings(tasks, max_length, max_gen_toks=MAX_GEN_TOKS):
+    """Every generate_until task's generation_kwargs are ones the adapter follows, and leave room
+    for a context in the window: checked before the run, so a refusal comes before any work."""
+    from lm_eval.models.utils import normalize_gen_kwargs
+    for name, task in tasks.items():
+        if task.get_config("output_type") != "generate_until":
+            continue
+        kw = dict(normalize_gen_kwargs(dict(task.get_config("generation_kwargs") or {}), max_gen_toks))
+        kw.pop("until", None)
+        new = kw.pop("max_gen_toks")
+        try:
+            sampling_of(kw)
+            room_for_context(new, max_length)
+        except UserError as e:
+            raise UserError(f"task {name}: {e}") from None
+
+
+def room_for_context(max_gen_toks, max_length) -> int:
+    """The context tokens a generation keeps: the window less the new tokens."""
+    if max_gen_toks >= max_length:
+        raise UserError(f"max_gen_toks={max_gen_toks} new tokens leave no room for a context in the model's "
+                        f"window (max_seq_len={max_length})")
+    return max_length - max_gen_toks
+
+
 def evaluate(lm, manager, tasks, num_fewshot=None, limit=None, seed=1234, bootstrap_iters=100000,
              log_samples=False):
     """simple_evaluate's results (the dict `lm_eval --output_path` writes, `samples` only with
-    log_samples). `seed` is every seed of the harness's (as lm_eval --seed N)."""
+    log_samples). `tasks`: names, or load_tasks' tasks and groups. `seed` is every seed of the
+    harness's (as lm_eval --seed N)."""
     lm_eval = require_lm_eval()
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                                    task_manager=manager, random_seed=seed, numpy_random_seed=seed,
