@@ -1100,6 +1100,8 @@ OUTPUT_CASES = {
     ("evaluation/probe.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", "--dataset=x", f"--out={o}"],
                                          **EVAL_FILE),
     ("evaluation/eval_rank.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", f"--out={o}"], **EVAL_FILE),
+    ("evaluation/eval_harness.py", "out"): dict(argv=lambda t, o: [f"--checkpoint={t.weights}", "--tasks=hellaswag",
+                                                                 f"--out={o}"], **EVAL_FILE),
     ("evaluation/compare_checkpoints.py", "out"): dict(argv=lambda t, o: [t.weights, t.weights2, f"--out={o}"],
                                                        own=lambda t: [t.weights, t.weights2, f"--out={t.weights2}"],
                                                        **EVAL_FILE),
