@@ -3,7 +3,8 @@
 # synthesize raw shards -> train a 512-piece tokenizer -> pretokenize -> train a tiny model on the
 # CPU -> sample a story for an instruction header. Extra arguments go to train.py, e.g.
 #   bash demo.sh --max_iters=100
-# DEMO_SHARDS / DEMO_STORIES shrink the corpus (the CI test uses a small one).
+# DEMO_SHARDS / DEMO_STORIES shrink the corpus and DEMO_SAMPLE_TOKENS the sampled story (the test
+# of this script uses small ones).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -21,5 +22,5 @@ $PY tinystories.py synthesize --data_cache_dir="$DATA" --num_shards="${DEMO_SHAR
 $PY train.py configs/tiny_demo.py --data_cache_dir="$DATA" --out_dir="$OUT" --overwrite=True "$@"
 echo
 echo "=== a story sampled from $OUT/ckpt.pt ==="
-$PY sample.py --checkpoint="$OUT/ckpt.pt" --temperature=0.8 --top_k=40 --max_new_tokens=220 \
+$PY sample.py --checkpoint="$OUT/ckpt.pt" --temperature=0.8 --top_k=40 --max_new_tokens="${DEMO_SAMPLE_TOKENS:-220}" \
     --start='Words: fix, lamp, plain\nFeatures: Dialogue, Twist\nStory:'

@@ -25,8 +25,9 @@ def test_readme_quickstart_has_exactly_two_commands():
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     env = dict(os.environ, PYTHON=PYTHON, DATA=str(tmp_path / "data"), OUT=str(tmp_path / "out"), DEMO_SHARDS="2",
-               DEMO_STORIES="300", WANDB_MODE="disabled")
-    proc = subprocess.run(["bash", "demo.sh", "--max_iters=4", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1", "--max_new_tokens=8"],
+               DEMO_STORIES="300", DEMO_SAMPLE_TOKENS="48", WANDB_MODE="disabled")
+    proc = subprocess.run(["bash", "demo.sh", "--max_iters=4", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1",
+                           "--max_new_tokens=8", "--batch_size=4", "--gradient_accumulation_steps=1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout.split("=== a story sampled from", 1)[1]

@@ -23,6 +23,8 @@ from tinylab.data.tokenizer import Tokenizer
 from tinylab.eval.harness import evaluate, harness_lm, task_manager
 
 lm_eval = pytest.importorskip("lm_eval")  # requirements-eval.txt (in requirements-dev.txt)
+# a model trained for the module, its HF export and four harness runs per route: end to end
+pytestmark = pytest.mark.slow
 
 L = 64  # the model's max_seq_len
 MAX_GEN = 8
