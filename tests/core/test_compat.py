@@ -8,8 +8,8 @@ from conftest import REPO
 
 import tinylab.schema  # noqa: F401  (imports every component: the registry is full)
 from tinylab.core.compat import DIFFERENCES, FAMILIES, apply_compat, declare_difference
-from tinylab.core.registry import Registry
 from tinylab.core.config import Key
+from tinylab.core.registry import Registry
 
 ROW = re.compile(r"^\|[^|]*\|\s*`(\w+)\s*=\s*([^`]+)`\s*\|")
 

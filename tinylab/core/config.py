@@ -253,7 +253,8 @@ class Schema:
                 body = arg[2:]
                 spaced = self.keys.get(self.aliases.get(body, body))
                 if "=" not in body and spaced is not None and spaced.nargs is not None:
-                    cfg[spaced.name] = spaced.convert(_spaced_values(arg, spaced.nargs, argv), arg)
+                    values = _spaced_values(arg, spaced.nargs, argv)  # one value is text: `--lr 2e-5`
+                    cfg[spaced.name] = spaced.from_text(values, arg) if isinstance(values, str) else spaced.convert(values, arg)
                     sources[spaced.name] = arg
                     continue
                 if "=" not in body:

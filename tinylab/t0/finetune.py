@@ -43,10 +43,12 @@ class T0Data:
     (per source: examples for the loss rows, text rows for rank classification, the group's
     weights) and the per-source report. `valid` / `test` hold Groups (a Source is its own group)."""
 
-    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=()):
+    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=(), overlap_check=True):
         valid = [g if isinstance(g, Group) else Group(g.name, [g], "valid") for g in valid_src]
         test = [g if isinstance(g, Group) else Group(g.name, [g], "test") for g in test]
-        check_range_overlap(train_src, [s for g in valid for s in g.sources], [s for g in test for s in g.sources])
+        self.overlap_check = overlap_check  # False: Megatron's (no check; overlap.OVERLAP_CHECK)
+        if overlap_check:
+            check_range_overlap(train_src, [s for g in valid for s in g.sources], [s for g in test for s in g.sources])
         self.train_sources, self.report = train_src, {"train": {}, "valid": {}, **({"test": {}} if test else {})}
         self.train, hashes, sizes = [], set(), []
         for src in train_src:
@@ -78,7 +80,7 @@ class T0Data:
         examples, content hashes) of one source, whatever its kind; with train_hashes, an
         evaluation source sharing examples with the training data is refused."""
         data = src.reader.read(src, encoder)
-        if train_hashes is not None:
+        if train_hashes is not None and self.overlap_check:
             check_overlap(train_hashes, f"{kind} source {src.describe()}", data.hashes, data.show)
         stats = new_stats(data.n_rows)
         stats["skipped_empty"] = data.n_rows - len(data.pairs)

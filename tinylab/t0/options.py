@@ -8,24 +8,42 @@ T0 components take:
 """
 from dataclasses import asdict, dataclass, fields
 
+from tinylab.core.compat import declare_difference
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.t0.batches import NORMALIZATIONS
 from tinylab.t0.encode import TRUNCATE_SIDES, TRUNCATIONS, ExampleEncoder
-from tinylab.t0.megatron import check_weighted_splits
+from tinylab.t0.megatron import TRAIN_GROUPS, check_weighted_splits
+from tinylab.t0.megatron_args import MEGATRON_ARGS
+from tinylab.t0.overlap import OVERLAP_CHECK
 from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, PackedStream
+from tinylab.t0.sources.megatron import RANGE_READING
 
 COUNT, NONNEG = "[1, inf)", "[0, inf)"
 
 # ---------------------------------------------------------------------- keys
+
+MIXING = Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
+             choices=MIXINGS)
+PACKING = Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order "
+              "that keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: greedy, examples in "
+              "draw order, a row closed when the next does not fit (Megatron's; ~0.85-0.88 full)", choices=PACKINGS)
+# Megatron packs each source on its own, greedily, and blends the sources' rows by weight
+declare_difference(MIXING, original="row", family="t0",
+                   behaviour="each source packed on its own; row i from the source maximising w * max(i, 1) - rows "
+                             "taken (BlendableDataset), every row single-source",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/blendable_dataset.py:30")
+declare_difference(PACKING, original="next_fit", family="t0",
+                   behaviour="greedy next-fit in the shuffled order, no look-ahead; rows of seq_length + 1 tokens, "
+                             "right-padded",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:464")
 
 T0_DATA = [
     Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
         "(docs/t0.md)", input=True),
     Key("make_demo_data", "", "write the built-in multitask set to this folder and exit (an existing one is moved "
         "aside only with --overwrite=True)", output="demo_data"),
-    Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
-        choices=MIXINGS),
+    MIXING,
     Key("tokenizer_model", "", "'' = the tokenizer named by the base checkpoint's config", input=True),
     Key("add_bos", True, "BOS before every input (our models were pretrained with one per document)"),
     Key("target_space", True, "exactly one space between input and target (False: the target text as is)"),
@@ -35,9 +53,7 @@ T0_DATA = [
     Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
     Key("truncate_side", "left", "which part of a too-long input is kept: left = BOS + its last tokens (the question) "
         "| right = its first max_input_len tokens (Mesh-TF / seqio, as T0 was trained)", choices=TRUNCATE_SIDES),
-    Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order that "
-        "keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: the earlier greedy packer, "
-        "examples in draw order (~0.85-0.88 full)", choices=PACKINGS),
+    PACKING,
     Key("pack_buffer", 2000, "packing=best_fit: examples packed together (more = fuller rows, more work per chunk)",
         range=f"[1, {MAX_PACK_BUFFER}]"),
     Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
@@ -47,7 +63,8 @@ T0_DATA = [
         "loss/valid/pretrain_text (forgetting; not in loss/valid)", input=True),
 ]
 T0_LOSS = [
-    Key("prefixlm", False, "input tokens of an example attend to each other both ways"),
+    Key("prefixlm", False, "input tokens of an example attend to each other both ways (Megatron: bare --prefixlm)",
+        nargs=0),
     Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)",
         choices=NORMALIZATIONS),
     Key("rank_eval_examples", 200, "rank-classification examples per validation group with answer_choices; "
@@ -78,7 +95,10 @@ T0_MEGATRON = _megatron_split_keys() + [
     Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
         "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
         aliases=("output-prefix",), output="megatron_prefix"),
+    TRAIN_GROUPS, RANGE_READING, OVERLAP_CHECK,
 ]
+# Megatron's finetune_t0.py arguments in its spelling (tinylab/t0/megatron_args.py)
+T0_MEGATRON_ARGS = MEGATRON_ARGS
 
 T0_START = [
     Key("reset_progress", False, "init_from=resume_model: also take model_dir's optimizer state (moments, Adafactor's "
