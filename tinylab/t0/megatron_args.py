@@ -22,6 +22,7 @@ from model import ModelArgs
 from tinylab.core.config import COUNT, NONNEG, Key
 from tinylab.core.errors import UserError
 from tinylab.core.fileio import read_text
+from tinylab.t0 import megatron as megatron_data
 
 # our key -> Megatron's spelling of the same setting (a spaced value, as there)
 SAME = {"learning_rate": "lr", "min_lr": "min-lr", "beta1": "adam-beta1", "beta2": "adam-beta2",
@@ -165,6 +166,11 @@ def _check_exclusive(cfg):
         problem = value is not None and why(value)
         if problem:
             raise UserError(f"--{flag} {value}: {problem}")
+    if _get(cfg, "data-path"):
+        megatron_data.data_path_items(_get(cfg, "data-path"))
+        megatron_data.split_fractions(_get(cfg, "split") or "969,30,1")
+    elif _get(cfg, "split"):
+        raise UserError("--split goes with --data-path")
     if _get(cfg, "position-embedding-type") == "absolute":
         raise UserError("--position-embedding-type absolute: finetune_t0 refuses it (packed examples need positions "
                         "that do not depend on the row; ours restart at 0 for every example)")
@@ -306,7 +312,23 @@ def check_against_base(cfg, model_args):
         value = _get(cfg, flag)
         if value is not None and value != ours:
             raise UserError(f"--{flag} {value}: the base checkpoint has {name}={ours} (the model is the checkpoint's)")
+    path = _get(cfg, "tokenizer-name-or-path")
+    if path is not None and len(load_hf_tokenizer(path)) > model_args["vocab_size"]:
+        raise UserError(f"--tokenizer-name-or-path {path}: {len(load_hf_tokenizer(path))} tokens, more than the base "
+                        f"model's vocabulary of {model_args['vocab_size']}")
     positions = _get(cfg, "max-position-embeddings")
     if positions is not None and positions < cfg["max_seq_len"]:
         raise UserError(f"--max-position-embeddings {positions} is below --seq-length {cfg['max_seq_len']} "
                         f"(Megatron's assert)")
+
+
+def load_hf_tokenizer(path):
+    """A local Hugging Face tokenizer folder (AutoTokenizer; nothing is downloaded)."""
+    if not os.path.isdir(path):
+        raise UserError(f"--tokenizer-name-or-path {path}: not a folder (a local Hugging Face tokenizer folder is read "
+                        f"here; nothing is downloaded)")
+    from transformers import AutoTokenizer  # slow to import: only when asked for
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UserError(f"--tokenizer-name-or-path {path}: AutoTokenizer cannot load it ({str(e).splitlines()[0]})")
