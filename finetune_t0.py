@@ -28,10 +28,11 @@ from tinylab.core.memory_budget import Shape, check_training
 from tinylab.schema import FINETUNE_T0
 from tinylab.t0.batches import T0Batches
 from tinylab.t0.demo import write_demo_data
-from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
+from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, resolve_tokenizer
 from tinylab.t0.megatron_args import check_against_base
 from tinylab.t0.mixture import mixture_from_config
 from tinylab.t0.options import LossOptions, TokenizationOptions
+from tinylab.t0.preprocess import preprocess
 from tinylab.training.export_hook import write_bin_beside
 from tinylab.training.options import TrainerOptions
 from tinylab.training.setup import (

@@ -50,6 +50,7 @@ from tinylab.t0.options import (
     check_start,
     loads_model,
 )
+from tinylab.t0.preprocess import PREPROCESS_KEYS, check_preprocess
 from tinylab.training.options import (
     ADAFACTOR_KEYS,
     CRITICAL_BATCH_SIZE,
@@ -127,10 +128,10 @@ FINETUNE_T0 = TRAIN.derive(
     # the model's shape comes from the base checkpoint; these are language-modelling keys
     drop=[k.name for k in LM_DATA + GROWTH_KEYS + GENERATION_KEYS + HEADS_KEYS] + [k.name for k in MODEL_KEYS
                                                                                    if k is not DROPOUT],
-    sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
+    sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON + PREPROCESS_KEYS),
               ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START),
               ("Megatron-DeepSpeed's finetune_t0.py arguments, its spelling and meaning (docs/t0.md)", T0_MEGATRON_ARGS)],
-    rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
+    rules=[check_schedule, check_save_best, check_t0, check_megatron, check_preprocess, check_parallelism, check_attention_impl,
            check_reset_progress],
     prepare=prepare_t0)
 

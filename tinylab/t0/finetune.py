@@ -9,16 +9,14 @@ from tinylab.core.checkpoint import load_checkpoint
 from tinylab.core.errors import UserError
 from tinylab.core.run_keys import StartOptions
 from tinylab.data.pretokenized import BatchLoader, check_dataset
-from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
-from tinylab.t0 import megatron as megatron_data
+from tinylab.data.tokenizer import tokenizer_for_checkpoint
 from tinylab.t0.batches import model_inputs
-from tinylab.t0.encode import encode_records, fit_examples, new_stats, usable
-from tinylab.t0.mixture import Group, Source, check_range_overlap, is_held_out, resolve_weights
+from tinylab.t0.encode import fit_examples, new_stats
+from tinylab.t0.mixture import Group, check_range_overlap, is_held_out, resolve_weights
 from tinylab.t0.options import PackingOptions, TokenizationOptions
 from tinylab.t0.overlap import check_overlap
 from tinylab.t0.packing import pack_once, rows_to_arrays
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, summarize
-from tinylab.t0.sources import read_records
 
 
 def base_checkpoint(cfg):
@@ -228,31 +226,3 @@ def _weighted_mean(pairs):
     if len(pairs) == 1:
         return pairs[0][1]
     return float(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
-
-
-# ---------------------------------------------------------------------- --preprocess
-
-def preprocess(cfg):
-    """python finetune_t0.py --preprocess --input=data.jsonl --output_prefix=PFX: the records'
-    inputs / targets, tokenised exactly as training tokenises text (add_bos, target_space,
-    add_eos; not truncated: max_input_len / max_target_len apply when the prefix is read), as
-    PFX_inputs_document.{bin,idx} and PFX_targets_document.{bin,idx} (tools/preprocess_data.py's
-    files, one item per example). Existing files only with --overwrite=True; written atomically."""
-    prefix, path = cfg["output_prefix"], cfg["input"]
-    megatron_data.check_outputs(prefix)
-    if not os.path.isfile(path):
-        raise UserError(f"--input file {path} not found")
-    if cfg["tokenizer_model"] and not cfg["model_dir"]:
-        tok = Tokenizer(cfg["tokenizer_model"])
-    else:
-        tok = resolve_tokenizer(cfg, base_checkpoint(cfg))
-    # any kind of file source with text records (an unsupported file type is read_records' error)
-    rows, skipped = usable(read_records(Source(name=os.path.basename(path), path=path)))
-    if not rows:
-        raise UserError(f"--input {path} has no record with non-empty 'inputs' and 'targets'")
-    pairs = encode_records(rows, TokenizationOptions.from_config(cfg).encoder(tok))
-    megatron_data.write_pair(prefix, [a for a, _ in pairs], [b for _, b in pairs], tok.vocab_size)
-    print(f"wrote {len(rows)} examples ({skipped} with empty inputs or targets skipped) to "
-          f"{prefix}_inputs_document.{{bin,idx}} and {prefix}_targets_document.{{bin,idx}} "
-          f"(tokenizer {tok.model_path}, add_bos={cfg['add_bos']}, target_space={cfg['target_space']}, "
-          f"add_eos={cfg['add_eos']})")

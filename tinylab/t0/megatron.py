@@ -180,12 +180,13 @@ def write_items(bin_f, idx_f, items, dtype):
 
 # ---------------------------------------------------------------------- <prefix>_{inputs,targets}_document
 
-def pair_prefixes(prefix):
-    return {f: f"{prefix}_{f}_document" for f in FIELDS}
+def pair_prefixes(prefix, fields=FIELDS):
+    """{field: <prefix>_<field>_document} (tools/preprocess_data.py's "{}_{}_{}" of prefix, json key, level)."""
+    return {f: f"{prefix}_{f}_document" for f in fields}
 
 
-def pair_files(prefix):
-    return [p + ext for p in pair_prefixes(prefix).values() for ext in (".bin", ".idx")]
+def pair_files(prefix, fields=FIELDS):
+    return [p + ext for p in pair_prefixes(prefix, fields).values() for ext in (".bin", ".idx")]
 
 
 def is_pair(prefix):
@@ -217,8 +218,8 @@ def open_pair(prefix, vocab_size=None, what=None):
 
 
 def check_outputs(prefix):
-    """Before any work: `prefix` names files in an existing folder (whether its four files may be
-    replaced is the output guard's rule, outputs.guard_prefix, checked when the flags were parsed)."""
+    """Before any work: `prefix` names files in an existing folder (whether its files may be
+    replaced is the output guard's rule, outputs.guard_prefix)."""
     if not prefix or prefix.endswith(("/", os.sep)):
         raise UserError(f"--output_prefix={prefix!r} must name a file prefix (e.g. data/rte), not a folder")
     parent = os.path.dirname(os.path.abspath(prefix))
@@ -226,20 +227,20 @@ def check_outputs(prefix):
         raise UserError(f"--output_prefix={prefix}: folder {parent} does not exist")
 
 
-def write_pair(prefix, inputs, targets, vocab_size):
-    """Write <prefix>_inputs_document.{bin,idx} and <prefix>_targets_document.{bin,idx} (one item
-    per example, dtype by vocabulary as Megatron's). Each file is written to a temp name and the
-    four are renamed only once all are complete, so a failure leaves none of them."""
-    if len(inputs) != len(targets):
-        raise ValueError("inputs and targets differ in length")
+def write_fields(prefix, items, vocab_size):
+    """Write <prefix>_<field>_document.{bin,idx} for each field of `items` ({field: [ids of each
+    example]}: one item per example, dtype by vocabulary as Megatron's). Each file is written to a
+    temp name and all are renamed only once all are complete, so a failure leaves none of them."""
+    if len({len(v) for v in items.values()}) > 1:
+        raise ValueError("the fields differ in length")
     dtype = best_fitting_dtype(vocab_size)
     with contextlib.ExitStack() as stack:
-        for field, items in zip(FIELDS, (inputs, targets)):
-            p = pair_prefixes(prefix)[field]
+        for field, ids in items.items():
+            p = pair_prefixes(prefix, (field,))[field]
             bin_f = stack.enter_context(atomic_file(p + ".bin"))
             idx_f = stack.enter_context(atomic_file(p + ".idx"))
-            write_items(bin_f, idx_f, items, dtype)
-    return pair_files(prefix)
+            write_items(bin_f, idx_f, ids, dtype)
+    return pair_files(prefix, tuple(items))
 
 
 # ---------------------------------------------------------------------- weighted-split arguments

@@ -93,8 +93,8 @@ T0_MEGATRON = _megatron_split_keys() + [
         "(tools/preprocess_data.py's files, with this run's tokenizer and tokenisation keys)", nargs=0),
     Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1, input=True),
     Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
-        "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
-        aliases=("output-prefix",), output="megatron_prefix"),
+        "<prefix>_targets_document.{bin,idx} (those of --json-keys; existing ones only with --overwrite=True)",
+        nargs=1, aliases=("output-prefix",), output="megatron_prefix", output_path=False),  # guarded by preprocess()
     TRAIN_GROUPS, RANGE_READING, OVERLAP_CHECK,
 ]
 # Megatron's finetune_t0.py arguments in its spelling (tinylab/t0/megatron_args.py)
@@ -113,16 +113,6 @@ PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": Fa
 # ---------------------------------------------------------------------- rules between keys
 
 def check_megatron(cfg):
-    if cfg["preprocess"]:
-        if not cfg["input"] or not cfg["output_prefix"]:
-            raise UserError("--preprocess needs --input=FILE.jsonl and --output_prefix=PREFIX")
-        if cfg["make_demo_data"]:
-            raise UserError("--preprocess and --make_demo_data are two separate commands; give one")
-        if not cfg["tokenizer_model"] and not cfg["model_dir"]:
-            raise UserError("--preprocess tokenises with the base checkpoint's tokenizer: give --model_dir=DIR "
-                            "(or --tokenizer_model=FILE.model)")
-    elif cfg["input"] or cfg["output_prefix"]:
-        raise UserError("--input / --output_prefix are for --preprocess (a Megatron indexed dataset from a jsonl file)")
     check_weighted_splits(cfg)
 
 
