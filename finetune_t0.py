@@ -80,7 +80,7 @@ def main(argv=None):
         encoder = TokenizationOptions.from_config(cfg).encoder(tok)
         data = T0Data(mixture.train, mixture.valid, encoder, cfg["max_seq_len"] + 1,
                       log=print if run.master else (lambda *a: None), test=mixture.test,
-                      overlap_check=cfg["overlap_check"])
+                      overlap_check=cfg["overlap_check"], too_long=cfg["too_long_examples"])
         seed_everything(cfg["seed"])  # identical initial weights on every rank
         model, ckpt = init_model(cfg, run, ckpt=base)
         model.attention_impl = cfg["attention_impl"]  # how the packed rows attend (model.packed_attention)

@@ -41,10 +41,12 @@ class T0Data:
     (per source: examples for the loss rows, text rows for rank classification, the group's
     weights) and the per-source report. `valid` / `test` hold Groups (a Source is its own group)."""
 
-    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=(), overlap_check=True):
+    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=(), overlap_check=True,
+                 too_long="drop"):
         valid = [g if isinstance(g, Group) else Group(g.name, [g], "valid") for g in valid_src]
         test = [g if isinstance(g, Group) else Group(g.name, [g], "test") for g in test]
         self.overlap_check = overlap_check  # False: Megatron's (no check; overlap.OVERLAP_CHECK)
+        self.keep_too_long = too_long == "close_row"  # Megatron's: packing meets and skips them
         if overlap_check:
             check_range_overlap(train_src, [s for g in valid for s in g.sources], [s for g in test for s in g.sources])
         self.train_sources, self.report = train_src, {"train": {}, "valid": {}, **({"test": {}} if test else {})}
@@ -82,16 +84,16 @@ class T0Data:
             check_overlap(train_hashes, f"{kind} source {src.describe()}", data.hashes, data.show)
         stats = new_stats(data.n_rows)
         stats["skipped_empty"] = data.n_rows - len(data.pairs)
-        ex = fit_examples(src.name, data.pairs, encoder, row_len, stats)
+        ex = fit_examples(src.name, data.pairs, encoder, row_len, stats, self.keep_too_long)
         self._check_examples(src, ex, row_len)
         self.report[kind][key] = ex.stats
         return ex, data.records, len(data.pairs), {h for hs in data.hashes for h in hs if h is not None}
 
     def _check_examples(self, src, ex, row_len):
-        if len(ex) == 0 and not ex.shortest:
+        if ex.stats["examples"] == 0 and not ex.shortest:
             raise UserError(f"source {src.describe()} has no usable example (all inputs or targets empty, or all "
                             f"over max_input_len / max_target_len with truncation=drop)")
-        if len(ex) == 0:
+        if ex.stats["examples"] == 0:
             raise UserError(f"max_seq_len={row_len - 1} is shorter than the shortest example of source {src.describe()} "
                             f"({ex.shortest} tokens; rows hold max_seq_len + 1); raise max_seq_len (up to the base "
                             f"model's) or lower max_input_len / max_target_len")

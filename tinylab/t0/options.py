@@ -16,7 +16,7 @@ from tinylab.t0.encode import TRUNCATE_SIDES, TRUNCATIONS, ExampleEncoder
 from tinylab.t0.megatron import TRAIN_GROUPS, check_weighted_splits
 from tinylab.t0.megatron_args import MEGATRON_ARGS
 from tinylab.t0.overlap import OVERLAP_CHECK
-from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, PackedStream
+from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, TOO_LONG, PackedStream
 from tinylab.t0.sources.megatron import RANGE_READING
 
 COUNT, NONNEG = "[1, inf)", "[0, inf)"
@@ -37,6 +37,14 @@ declare_difference(PACKING, original="next_fit", family="t0",
                    behaviour="greedy next-fit in the shuffled order, no look-ahead; rows of seq_length + 1 tokens, "
                              "right-padded",
                    source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:464")
+TOO_LONG_EXAMPLES = Key("too_long_examples", "drop", "an example longer than a row (after max_input_len / "
+                        "max_target_len): drop = left out before packing | close_row = Megatron's: it stays in the "
+                        "shuffled order and, met by next-fit packing, closes the open row and is skipped "
+                        "(packing=next_fit only)", choices=TOO_LONG)
+declare_difference(TOO_LONG_EXAMPLES, original="close_row", family="t0",
+                   behaviour="an example longer than the row stays in the permutation; when met it closes the open "
+                             "row (even one with room left) and is skipped",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:488")
 
 T0_DATA = [
     Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
@@ -53,7 +61,7 @@ T0_DATA = [
     Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
     Key("truncate_side", "left", "which part of a too-long input is kept: left = BOS + its last tokens (the question) "
         "| right = its first max_input_len tokens (Mesh-TF / seqio, as T0 was trained)", choices=TRUNCATE_SIDES),
-    PACKING,
+    PACKING, TOO_LONG_EXAMPLES,
     Key("pack_buffer", 2000, "packing=best_fit: examples packed together (more = fuller rows, more work per chunk)",
         range=f"[1, {MAX_PACK_BUFFER}]"),
     Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
@@ -114,6 +122,9 @@ PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": Fa
 
 def check_megatron(cfg):
     check_weighted_splits(cfg)
+    if cfg["too_long_examples"] == "close_row" and cfg["packing"] != "next_fit":
+        raise UserError(f"too_long_examples=close_row is next-fit packing's (Megatron's), not packing={cfg['packing']}'s: "
+                        f"set packing=next_fit, or too_long_examples=drop")
 
 
 def check_reset_progress(cfg):
@@ -172,6 +183,7 @@ class PackingOptions:
     packing: str = "best_fit"
     pack_buffer: int = 2000
     pad_id: int = 0
+    too_long_examples: str = "drop"
 
     @classmethod
     def from_config(cls, cfg) -> "PackingOptions":
@@ -183,14 +195,18 @@ class PackingOptions:
 
     def stream(self, lengths, weights) -> PackedStream:
         """A seeded PackedStream over sources with these example lengths and weights."""
-        return PackedStream(lengths, weights, self.row_len, self.seed, self.mixing, self.packing, self.pack_buffer)
+        return PackedStream(lengths, weights, self.row_len, self.seed, self.mixing, self.packing, self.pack_buffer,
+                            self.too_long_examples)
 
     def identity(self) -> dict:
         """The settings a training stream depends on; packing and pack_buffer came later and count
-        only off their earlier behaviour (next_fit), so older runs still resume."""
+        only off their earlier behaviour (next_fit), so older runs still resume; too_long_examples
+        likewise off drop."""
         out = asdict(self)
         if self.packing == "next_fit":
             del out["packing"], out["pack_buffer"]
+        if self.too_long_examples == "drop":
+            del out["too_long_examples"]
         return out
 
 
