@@ -17,6 +17,7 @@ from tinylab.t0.options import PackingOptions, TokenizationOptions
 from tinylab.t0.overlap import check_overlap
 from tinylab.t0.packing import pack_once, rows_to_arrays
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, summarize
+from tinylab.t0.valid_blend import BlendedRows, eval_position, microbatch_mean_loss
 
 
 def base_checkpoint(cfg):
@@ -133,7 +134,9 @@ class T0Evaluator:
     rows' fill rate so far; at the end of training (and with eval_only) the same for the test
     groups as loss/test/<name>, rank_acc/test/<name> and their mean loss/test. A group of several
     sources shares those rows and rank examples among them by weight (at least one each) and
-    reports the weighted mean of its sources' values."""
+    reports the weighted mean of its sources' values. With valid_groups=blended a group's loss is
+    Megatron's instead (tinylab/t0/valid_blend.py): the mean of micro-batch losses over the next
+    rows of one blended stream."""
 
     def __init__(self, cfg, run, data: T0Data, encoder, stream):
         self.cfg, self.run, self.stream = cfg, run, stream
@@ -144,19 +147,25 @@ class T0Evaluator:
     def _prepare(self, g, encoder):
         cfg, total = self.cfg, sum(g["weights"])
         row_len, n_rows = cfg["max_seq_len"] + 1, cfg["eval_iters"] * cfg["batch_size"]
+        fixed_rows = 0 if cfg["valid_groups"] == "blended" else n_rows  # blended: BlendedRows below
 
         def share(n, w):
             return n if len(g["members"]) == 1 or n == 0 else max(1, round(n * w / total))
         members = []
         for m, w in zip(g["members"], g["weights"]):
             ex = m["examples"]
-            rows = pack_once(ex.lengths(), row_len, cfg["seed"])[:share(n_rows, w)]
+            rows = pack_once(ex.lengths(), row_len, cfg["seed"])[:share(fixed_rows, w)]
             arrays = rows_to_arrays(rows, [ex], row_len, cfg["pad_id"])
             rank = []
             if cfg["rank_eval_examples"] > 0 and m["rows"]:
                 rank, _ = rank_examples(m["rows"], encoder, cfg["score_eos"], share(cfg["rank_eval_examples"], w), cfg["seed"])
             members.append({"weight": w, "arrays": arrays, "rank": rank})
-        return {"name": g["name"], "dataset": g["dataset"], "held_out": g["held_out"], "members": members}
+        blended = None
+        if cfg["valid_groups"] == "blended":
+            blended = BlendedRows([m["examples"] for m in g["members"]], g["weights"], row_len, cfg["seed"], n_rows,
+                                  cfg["too_long_examples"], cfg["pad_id"])
+        return {"name": g["name"], "dataset": g["dataset"], "held_out": g["held_out"], "members": members,
+                "blended": blended}
 
     def pretrain_text_loss(self, model):
         """Mean LM loss over eval_iters batches of the pretraining text's test shard; a fresh
@@ -182,14 +191,23 @@ class T0Evaluator:
             count += label_mask.sum().item()
         return total / count if count else None
 
-    def _evaluate(self, model, groups, split):
-        """loss/<split>/<name> and rank_acc[_norm]/<name> (valid) or rank_acc[_norm]/test/<name>."""
+    def _blended_loss(self, model, g, k):
+        cfg = self.cfg
+        if cfg["eval_iters"] == 0:
+            return []
+        return [(1.0, microbatch_mean_loss(model, g["blended"].block(k), cfg["batch_size"], cfg["loss_normalization"],
+                                           cfg["prefixlm"], self.run.device))]
+
+    def _evaluate(self, model, groups, split, k=0):
+        """loss/<split>/<name> and rank_acc[_norm]/<name> (valid) or rank_acc[_norm]/test/<name>;
+        k: the block of a blended group's rows (valid_blend.eval_position)."""
         cfg, metrics, accs = self.cfg, {}, {}
         tag = "" if split == "valid" else f"{split}/"
         for g in groups:
-            losses, ranks = [], []
+            losses = self._blended_loss(model, g, k) if g["blended"] else []
+            ranks = []
             for m in g["members"]:
-                loss = self._rows_loss(model, m["arrays"])
+                loss = None if g["blended"] else self._rows_loss(model, m["arrays"])
                 if loss is not None:
                     losses.append((m["weight"], loss))
                 if m["rank"]:
@@ -204,7 +222,7 @@ class T0Evaluator:
 
     def __call__(self, model, iter_num, generations):
         cfg = self.cfg
-        metrics, accs = self._evaluate(model, self.groups, "valid")
+        metrics, accs = self._evaluate(model, self.groups, "valid", eval_position(iter_num, cfg["eval_interval"]))
         losses = [v for k, v in metrics.items() if k.startswith("loss/valid/")]
         if losses:
             metrics["loss/valid"] = float(np.mean(losses))

@@ -18,6 +18,7 @@ from tinylab.t0.megatron_args import MEGATRON_ARGS
 from tinylab.t0.overlap import OVERLAP_CHECK
 from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, TOO_LONG, PackedStream
 from tinylab.t0.sources.megatron import RANGE_READING
+from tinylab.t0.valid_blend import VALID_GROUPS
 
 COUNT, NONNEG = "[1, inf)", "[0, inf)"
 
@@ -103,7 +104,7 @@ T0_MEGATRON = _megatron_split_keys() + [
     Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
         "<prefix>_targets_document.{bin,idx} (those of --json-keys; existing ones only with --overwrite=True)",
         nargs=1, aliases=("output-prefix",), output="megatron_prefix", output_path=False),  # guarded by preprocess()
-    TRAIN_GROUPS, RANGE_READING, OVERLAP_CHECK,
+    TRAIN_GROUPS, RANGE_READING, OVERLAP_CHECK, VALID_GROUPS,
 ]
 # Megatron's finetune_t0.py arguments in its spelling (tinylab/t0/megatron_args.py)
 T0_MEGATRON_ARGS = MEGATRON_ARGS
