@@ -15,8 +15,11 @@ from tinylab.t0.sources.megatron import read_indexed
 def test_compat_original_sets_the_t0_keys(capsys):
     cfg = FINETUNE_T0.prepare(dict(FINETUNE_T0.defaults(), compat="original"))
     assert (cfg["megatron_range_reading"], cfg["overlap_check"], cfg["train_groups"], cfg["packing"],
-            cfg["mixing"], cfg["too_long_examples"], cfg["valid_groups"]) == ("from_first_item", False, "one", "next_fit",
-                                                                              "row", "close_row", "blended")
+            cfg["mixing"], cfg["too_long_examples"], cfg["valid_groups"], cfg["loss_normalization"]) == (
+        "from_first_item", False, "one", "next_fit", "row", "close_row", "blended", "token_microbatch")
+    # --norm-target-loss (BLOOMZ) is the user's choice: compat keeps it
+    assert FINETUNE_T0.prepare(dict(FINETUNE_T0.defaults(), compat="original", megatron_norm_target_loss=True))[
+        "loss_normalization"] == "example"
     assert "compat=original (bigscience-workshop/Megatron-DeepSpeed" in capsys.readouterr().err
 
 

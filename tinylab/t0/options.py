@@ -71,11 +71,16 @@ T0_DATA = [
     Key("pretrain_text", "", "a pretokenized dataset folder whose test shard's LM loss is logged as "
         "loss/valid/pretrain_text (forgetting; not in loss/valid)", input=True),
 ]
+LOSS_NORMALIZATION = Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | "
+                         "token_microbatch (Megatron)", choices=NORMALIZATIONS)
+declare_difference(LOSS_NORMALIZATION, original="token_microbatch", family="t0",
+                   behaviour="each micro-batch's loss is the token mean of its own target labels; the step averages "
+                             "the micro-batches' gradients",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/model/gpt_model.py:196")
 T0_LOSS = [
     Key("prefixlm", False, "input tokens of an example attend to each other both ways (Megatron: bare --prefixlm)",
         nargs=0),
-    Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)",
-        choices=NORMALIZATIONS),
+    LOSS_NORMALIZATION,
     Key("rank_eval_examples", 200, "rank-classification examples per validation group with answer_choices; "
         "0 disables", range=NONNEG),
     Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),

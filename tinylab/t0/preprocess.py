@@ -98,9 +98,10 @@ def _hf_items(tok, texts, cfg, field):
             raise UserError(f"--append-{'eod' if which == 'eos' else 'bos'}: tokenizer "
                             f"{cfg['megatron_tokenizer_name_or_path']} has no {which} token")
         extra = [token]
+    texts = [f" {t}" if cfg["prepend_space"] else t for t in texts]
     items = []
-    for i, text in enumerate(texts):
-        ids = tok.encode(f" {text}" if cfg["prepend_space"] else text)
+    # the batch call gives each text's tokenizer.encode(text) (special tokens as encode adds them)
+    for i, ids in enumerate(tok(texts, add_special_tokens=True)["input_ids"]):
         if not ids:  # Megatron skips it in this key's file only, shifting one half against the other
             raise UserError(f"--input record {i + 1}: its {field} tokenise to no tokens (Megatron's preprocess_data.py "
                             f"would leave it out of the {field} file only, misaligning inputs and targets)")
