@@ -179,3 +179,14 @@ def test_too_long_examples_are_kept_for_the_packer(tmp_path):
     assert kept.stats == dropped.stats and (kept.stats["examples"], kept.stats["dropped_longer_than_row"]) == (5, 1)
     rows = PackedStream([kept.lengths()], [1], 40, 0, packing="next_fit", too_long="close_row").next_rows(12)
     assert all(i != 2 for row in rows for _, i in row)
+
+
+def test_close_row_is_part_of_the_stream_identity():
+    """A checkpoint's data position made with one too_long_examples does not resume with the other;
+    drop (the earlier behaviour) leaves the identity as it was."""
+    from tinylab.t0.options import PackingOptions
+    cfg = {**FINETUNE_T0.defaults(), "max_seq_len": 128, "packing": "next_fit"}
+    drop = PackingOptions.from_config(cfg).identity()
+    assert "too_long_examples" not in drop
+    assert PackingOptions.from_config(dict(cfg, too_long_examples="close_row")).identity() == dict(
+        drop, too_long_examples="close_row")
