@@ -28,9 +28,11 @@ from tinylab.core.memory_budget import Shape, check_training
 from tinylab.schema import FINETUNE_T0
 from tinylab.t0.batches import T0Batches
 from tinylab.t0.demo import write_demo_data
-from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, preprocess, resolve_tokenizer
+from tinylab.t0.finetune import T0Data, T0Evaluator, base_checkpoint, check_pretrain_text, resolve_tokenizer
+from tinylab.t0.megatron_args import check_against_base
 from tinylab.t0.mixture import mixture_from_config
 from tinylab.t0.options import LossOptions, TokenizationOptions
+from tinylab.t0.preprocess import preprocess
 from tinylab.training.export_hook import write_bin_beside
 from tinylab.training.options import TrainerOptions
 from tinylab.training.setup import (
@@ -66,6 +68,7 @@ def main(argv=None):
     if cfg["max_seq_len"] > base_len:
         raise UserError(f"max_seq_len={cfg['max_seq_len']} exceeds the base model's {base_len}")
     cfg["max_seq_len"] = cfg["max_seq_len"] or base_len
+    check_against_base(cfg, base["model_args"])  # Megatron's architecture flags describe the loaded model
     tok = resolve_tokenizer(cfg, base)
     cfg["tokenizer_model"] = os.path.abspath(tok.model_path)  # so resume and eval_rank find it
     if cfg["pretrain_text"]:
@@ -76,7 +79,8 @@ def main(argv=None):
     with open_run_folder(cfg, run) as run_dir:
         encoder = TokenizationOptions.from_config(cfg).encoder(tok)
         data = T0Data(mixture.train, mixture.valid, encoder, cfg["max_seq_len"] + 1,
-                      log=print if run.master else (lambda *a: None), test=mixture.test)
+                      log=print if run.master else (lambda *a: None), test=mixture.test,
+                      overlap_check=cfg["overlap_check"], too_long=cfg["too_long_examples"])
         seed_everything(cfg["seed"])  # identical initial weights on every rank
         model, ckpt = init_model(cfg, run, ckpt=base)
         model.attention_impl = cfg["attention_impl"]  # how the packed rows attend (model.packed_attention)

@@ -45,17 +45,20 @@ from tinylab.growth.plan.options import PLAN_SECTION
 from tinylab.growth.schedule import check_growth
 from tinylab.nn import attention
 from tinylab.nn.attention import check_attention_impl
+from tinylab.t0.megatron_args import SAME, megatron_spellings, translate
 from tinylab.t0.options import (
     PRESET_EXTRAS,
     T0_DATA,
     T0_LOSS,
     T0_MEGATRON,
+    T0_MEGATRON_ARGS,
     T0_START,
     check_megatron,
     check_reset_progress,
     check_start,
     loads_model,
 )
+from tinylab.t0.preprocess import PREPROCESS_KEYS, check_preprocess
 from tinylab.training.options import (
     ADAFACTOR_KEYS,
     CRITICAL_BATCH_SIZE,
@@ -119,7 +122,7 @@ def check_t0(cfg):
 
 def prepare_t0(cfg, sources=None):
     defaults = FINETUNE_T0.defaults()
-    out = apply_optimizer_preset(cfg, defaults)
+    out = apply_optimizer_preset(translate(cfg, defaults), defaults)  # Megatron's arguments first: --optimizer adam
     for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
         if cfg[key] == defaults[key]:
             out[key] = value
@@ -134,13 +137,15 @@ FINETUNE_T0 = TRAIN.derive(
     keys=[Key("eval_iters", 4, "validation loss on the first eval_iters * batch_size packed rows of each group",
               range=NONNEG),
           INIT.replace(choices=("resume_model", "resume_train"), help="resume_model: finetune model_dir | "
-                       "resume_train: continue out_dir")],
+                       "resume_train: continue out_dir")]
+    + megatron_spellings([TRAIN.keys[name] for name in SAME if name in TRAIN.keys]),
     # the model's shape comes from the base checkpoint; these are language-modelling keys
     drop=[k.name for k in LM_DATA + GROWTH_KEYS + GENERATION_KEYS + HEADS_KEYS + STAGED_FLAG_KEYS] + [k.name for k in MODEL_KEYS
                                                                                    if k is not DROPOUT],
-    sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON),
-              ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START)],
-    rules=[check_schedule, check_save_best, check_t0, check_megatron, check_parallelism, check_attention_impl,
+    sections=[("data", T0_DATA), ("Megatron-DeepSpeed data and arguments", T0_MEGATRON + PREPROCESS_KEYS),
+              ("masks, loss and rank evaluation", T0_LOSS + [ATTENTION_IMPL]), ("starting point", T0_START),
+              ("Megatron-DeepSpeed's finetune_t0.py arguments, its spelling and meaning (docs/t0.md)", T0_MEGATRON_ARGS)],
+    rules=[check_schedule, check_save_best, check_t0, check_megatron, check_preprocess, check_parallelism, check_attention_impl,
            check_reset_progress],
     prepare=prepare_t0)
 

@@ -159,7 +159,7 @@ def test_a_registered_kind_needs_no_other_edit(tmp_path, tok, pairs_kind):
     data = T0Data(m.train, m.valid, enc, ROW, log=no_log)
     assert data.report["train"]["sums"]["examples"] == 8 and data.report["valid"]["v"]["rows"] == 1
     rows = data.stream({"max_seq_len": ROW - 1, "seed": 0, "mixing": "example", "packing": "best_fit",
-                        "pack_buffer": 64, "pad_id": 0}).next_rows(4)
+                        "pack_buffer": 64, "pad_id": 0, "too_long_examples": "drop"}).next_rows(4)
     assert {s for row in rows for s, _ in row} == {0, 1}  # both kinds' examples are packed
     (tmp_path / "v.pairs").write_text("What is 5 plus 5? ||| 10\nIs the sky green? ||| no\n")
     assert "valid source 'v'" in overlap_error(m.train, read_mixture(str(mixture)).valid, enc)

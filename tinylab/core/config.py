@@ -269,7 +269,7 @@ class Schema:
                 self._refuse(body)
                 spaced = self.keys.get(self.aliases.get(body, body))
                 if "=" not in body and spaced is not None and spaced.nargs is not None:
-                    values = _spaced_values(arg, spaced.nargs, argv)  # one value is text, as after '='
+                    values = _spaced_values(arg, spaced.nargs, argv)  # one value is text, as after '=': `--lr 2e-5`
                     cfg[spaced.name] = spaced.from_text(values, arg) if isinstance(values, str) else spaced.convert(values, arg)
                     sources[spaced.name] = arg
                     continue

@@ -362,14 +362,18 @@ def guard_parsed(parser, ns, force: bool, force_flag: str = "--force", tool: str
             guard_path(a.kind, path, force, inputs, flag, force_flag, tool)
 
 
-MEGATRON_SUFFIXES = tuple(f"_{f}_document.{e}" for f in ("inputs", "targets") for e in ("bin", "idx"))
+MEGATRON_FIELDS = ("inputs", "targets")  # a T0 prefix's two halves
 
 
-def guard_prefix(prefix: str, force: bool, inputs=(), flag="--output_prefix", force_flag="--force"):
-    """A Megatron indexed prefix is four files <prefix>_{inputs,targets}_document.{bin,idx}."""
+def guard_prefix(prefix: str, force: bool, inputs=(), flag="--output_prefix", force_flag="--force",
+                 fields=MEGATRON_FIELDS):
+    """A Megatron indexed prefix is the files <prefix>_<field>_document.{bin,idx}, one pair per
+    field written (tools/preprocess_data.py's json keys): only those are guarded, so a second pass
+    that adds the targets beside an inputs-only prefix is not refused for the inputs' files."""
     if not prefix or prefix.endswith(("/", os.sep)):
         raise UserError(f"{flag}={prefix!r} must name a file prefix (e.g. data/rte), not a folder")
-    for suffix in MEGATRON_SUFFIXES:
-        guard_file(prefix + suffix, "megatron_prefix", force, inputs, flag, force_flag)
+    for field in fields:
+        for ext in ("bin", "idx"):
+            guard_file(f"{prefix}_{field}_document.{ext}", "megatron_prefix", force, inputs, flag, force_flag)
     return prefix
 

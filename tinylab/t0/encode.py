@@ -9,7 +9,8 @@ Conventions (each a config key of finetune_t0.py, declared in tinylab/t0/options
   - too long: inputs keep their last max_input_len tokens (BOS stays first; truncate_side="right":
     their first max_input_len, as Mesh-TF / seqio cut T0's inputs), targets their first
     max_target_len (EOS stays last); truncation="drop" drops such examples instead. Examples
-    longer than the row are always dropped. Every case is counted per source.
+    longer than the row are dropped (or, with too_long_examples=close_row, skipped where packing
+    meets them). Every case is counted per source.
 """
 from dataclasses import dataclass, field
 
@@ -154,10 +155,14 @@ def tokenize_rows(name, rows, encoder: ExampleEncoder, row_len=None):
     return fit_examples(name, encode_records(rows, encoder), encoder, row_len, stats)
 
 
-def fit_examples(name, pairs, encoder: ExampleEncoder, row_len, stats):
+def fit_examples(name, pairs, encoder: ExampleEncoder, row_len, stats, keep_too_long=False):
     """Examples from (input ids, target ids) lists: the encoder's length limits (fit), then the
-    row limit; every kind of source alike."""
+    row limit; every kind of source alike. An example longer than the row is counted as
+    dropped_longer_than_row and left out, or with keep_too_long kept in place (next-fit packing's
+    too_long_examples=close_row skips it where it is met); "examples" / "tokens" count the
+    examples that fit."""
     out = Examples(name, stats=stats)
+    fits = tokens = 0
     for inp, tgt in pairs:
         fitted = encoder.fit(inp, tgt, stats)
         if fitted is None:
@@ -166,9 +171,11 @@ def fit_examples(name, pairs, encoder: ExampleEncoder, row_len, stats):
         out.shortest = min(out.shortest or len(inp) + len(tgt), len(inp) + len(tgt))
         if row_len is not None and len(inp) + len(tgt) > row_len:
             stats["dropped_longer_than_row"] += 1
-            continue
+            if not keep_too_long:
+                continue
+        else:
+            fits, tokens = fits + 1, tokens + len(inp) + len(tgt)
         out.ids.append(np.asarray(inp + tgt, dtype=np.int32))
         out.n_input.append(len(inp))
-    stats["examples"] = len(out)
-    stats["tokens"] = int(sum(len(x) for x in out.ids))
+    stats["examples"], stats["tokens"] = fits, int(tokens)
     return out

@@ -9,16 +9,15 @@ from tinylab.core.checkpoint import load_checkpoint
 from tinylab.core.errors import UserError
 from tinylab.core.run_keys import StartOptions
 from tinylab.data.pretokenized import BatchLoader, check_dataset
-from tinylab.data.tokenizer import Tokenizer, tokenizer_for_checkpoint
-from tinylab.t0 import megatron as megatron_data
+from tinylab.data.tokenizer import tokenizer_for_checkpoint
 from tinylab.t0.batches import model_inputs
-from tinylab.t0.encode import encode_records, fit_examples, new_stats, usable
-from tinylab.t0.mixture import Group, Source, check_range_overlap, is_held_out, resolve_weights
+from tinylab.t0.encode import fit_examples, new_stats
+from tinylab.t0.mixture import Group, check_range_overlap, is_held_out, resolve_weights
 from tinylab.t0.options import PackingOptions, TokenizationOptions
 from tinylab.t0.overlap import check_overlap
 from tinylab.t0.packing import pack_once, rows_to_arrays
 from tinylab.t0.rank_eval import rank_accuracy, rank_examples, summarize
-from tinylab.t0.sources import read_records
+from tinylab.t0.valid_blend import BlendedRows, eval_position, microbatch_mean_loss
 
 
 def base_checkpoint(cfg):
@@ -43,10 +42,14 @@ class T0Data:
     (per source: examples for the loss rows, text rows for rank classification, the group's
     weights) and the per-source report. `valid` / `test` hold Groups (a Source is its own group)."""
 
-    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=()):
+    def __init__(self, train_src, valid_src, encoder, row_len, log=print, test=(), overlap_check=True,
+                 too_long="drop"):
         valid = [g if isinstance(g, Group) else Group(g.name, [g], "valid") for g in valid_src]
         test = [g if isinstance(g, Group) else Group(g.name, [g], "test") for g in test]
-        check_range_overlap(train_src, [s for g in valid for s in g.sources], [s for g in test for s in g.sources])
+        self.overlap_check = overlap_check  # False: Megatron's (no check; overlap.OVERLAP_CHECK)
+        self.keep_too_long = too_long == "close_row"  # Megatron's: packing meets and skips them
+        if overlap_check:
+            check_range_overlap(train_src, [s for g in valid for s in g.sources], [s for g in test for s in g.sources])
         self.train_sources, self.report = train_src, {"train": {}, "valid": {}, **({"test": {}} if test else {})}
         self.train, hashes, sizes = [], set(), []
         for src in train_src:
@@ -78,20 +81,20 @@ class T0Data:
         examples, content hashes) of one source, whatever its kind; with train_hashes, an
         evaluation source sharing examples with the training data is refused."""
         data = src.reader.read(src, encoder)
-        if train_hashes is not None:
+        if train_hashes is not None and self.overlap_check:
             check_overlap(train_hashes, f"{kind} source {src.describe()}", data.hashes, data.show)
         stats = new_stats(data.n_rows)
         stats["skipped_empty"] = data.n_rows - len(data.pairs)
-        ex = fit_examples(src.name, data.pairs, encoder, row_len, stats)
+        ex = fit_examples(src.name, data.pairs, encoder, row_len, stats, self.keep_too_long)
         self._check_examples(src, ex, row_len)
         self.report[kind][key] = ex.stats
         return ex, data.records, len(data.pairs), {h for hs in data.hashes for h in hs if h is not None}
 
     def _check_examples(self, src, ex, row_len):
-        if len(ex) == 0 and not ex.shortest:
+        if ex.stats["examples"] == 0 and not ex.shortest:
             raise UserError(f"source {src.describe()} has no usable example (all inputs or targets empty, or all "
                             f"over max_input_len / max_target_len with truncation=drop)")
-        if len(ex) == 0:
+        if ex.stats["examples"] == 0:
             raise UserError(f"max_seq_len={row_len - 1} is shorter than the shortest example of source {src.describe()} "
                             f"({ex.shortest} tokens; rows hold max_seq_len + 1); raise max_seq_len (up to the base "
                             f"model's) or lower max_input_len / max_target_len")
@@ -131,7 +134,9 @@ class T0Evaluator:
     rows' fill rate so far; at the end of training (and with eval_only) the same for the test
     groups as loss/test/<name>, rank_acc/test/<name> and their mean loss/test. A group of several
     sources shares those rows and rank examples among them by weight (at least one each) and
-    reports the weighted mean of its sources' values."""
+    reports the weighted mean of its sources' values. With valid_groups=blended a group's loss is
+    Megatron's instead (tinylab/t0/valid_blend.py): the mean of micro-batch losses over the next
+    rows of one blended stream."""
 
     def __init__(self, cfg, run, data: T0Data, encoder, stream):
         self.cfg, self.run, self.stream = cfg, run, stream
@@ -142,19 +147,25 @@ class T0Evaluator:
     def _prepare(self, g, encoder):
         cfg, total = self.cfg, sum(g["weights"])
         row_len, n_rows = cfg["max_seq_len"] + 1, cfg["eval_iters"] * cfg["batch_size"]
+        fixed_rows = 0 if cfg["valid_groups"] == "blended" else n_rows  # blended: BlendedRows below
 
         def share(n, w):
             return n if len(g["members"]) == 1 or n == 0 else max(1, round(n * w / total))
         members = []
         for m, w in zip(g["members"], g["weights"]):
             ex = m["examples"]
-            rows = pack_once(ex.lengths(), row_len, cfg["seed"])[:share(n_rows, w)]
+            rows = pack_once(ex.lengths(), row_len, cfg["seed"])[:share(fixed_rows, w)]
             arrays = rows_to_arrays(rows, [ex], row_len, cfg["pad_id"])
             rank = []
             if cfg["rank_eval_examples"] > 0 and m["rows"]:
                 rank, _ = rank_examples(m["rows"], encoder, cfg["score_eos"], share(cfg["rank_eval_examples"], w), cfg["seed"])
             members.append({"weight": w, "arrays": arrays, "rank": rank})
-        return {"name": g["name"], "dataset": g["dataset"], "held_out": g["held_out"], "members": members}
+        blended = None
+        if cfg["valid_groups"] == "blended":
+            blended = BlendedRows([m["examples"] for m in g["members"]], g["weights"], row_len, cfg["seed"], n_rows,
+                                  cfg["too_long_examples"], cfg["pad_id"])
+        return {"name": g["name"], "dataset": g["dataset"], "held_out": g["held_out"], "members": members,
+                "blended": blended}
 
     def pretrain_text_loss(self, model):
         """Mean LM loss over eval_iters batches of the pretraining text's test shard; a fresh
@@ -180,14 +191,23 @@ class T0Evaluator:
             count += label_mask.sum().item()
         return total / count if count else None
 
-    def _evaluate(self, model, groups, split):
-        """loss/<split>/<name> and rank_acc[_norm]/<name> (valid) or rank_acc[_norm]/test/<name>."""
+    def _blended_loss(self, model, g, k):
+        cfg = self.cfg
+        if cfg["eval_iters"] == 0:
+            return []
+        return [(1.0, microbatch_mean_loss(model, g["blended"].block(k), cfg["batch_size"], cfg["loss_normalization"],
+                                           cfg["prefixlm"], self.run.device))]
+
+    def _evaluate(self, model, groups, split, k=0):
+        """loss/<split>/<name> and rank_acc[_norm]/<name> (valid) or rank_acc[_norm]/test/<name>;
+        k: the block of a blended group's rows (valid_blend.eval_position)."""
         cfg, metrics, accs = self.cfg, {}, {}
         tag = "" if split == "valid" else f"{split}/"
         for g in groups:
-            losses, ranks = [], []
+            losses = self._blended_loss(model, g, k) if g["blended"] else []
+            ranks = []
             for m in g["members"]:
-                loss = self._rows_loss(model, m["arrays"])
+                loss = None if g["blended"] else self._rows_loss(model, m["arrays"])
                 if loss is not None:
                     losses.append((m["weight"], loss))
                 if m["rank"]:
@@ -202,7 +222,7 @@ class T0Evaluator:
 
     def __call__(self, model, iter_num, generations):
         cfg = self.cfg
-        metrics, accs = self._evaluate(model, self.groups, "valid")
+        metrics, accs = self._evaluate(model, self.groups, "valid", eval_position(iter_num, cfg["eval_interval"]))
         losses = [v for k, v in metrics.items() if k.startswith("loss/valid/")]
         if losses:
             metrics["loss/valid"] = float(np.mean(losses))
@@ -226,31 +246,3 @@ def _weighted_mean(pairs):
     if len(pairs) == 1:
         return pairs[0][1]
     return float(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
-
-
-# ---------------------------------------------------------------------- --preprocess
-
-def preprocess(cfg):
-    """python finetune_t0.py --preprocess --input=data.jsonl --output_prefix=PFX: the records'
-    inputs / targets, tokenised exactly as training tokenises text (add_bos, target_space,
-    add_eos; not truncated: max_input_len / max_target_len apply when the prefix is read), as
-    PFX_inputs_document.{bin,idx} and PFX_targets_document.{bin,idx} (tools/preprocess_data.py's
-    files, one item per example). Existing files only with --overwrite=True; written atomically."""
-    prefix, path = cfg["output_prefix"], cfg["input"]
-    megatron_data.check_outputs(prefix)
-    if not os.path.isfile(path):
-        raise UserError(f"--input file {path} not found")
-    if cfg["tokenizer_model"] and not cfg["model_dir"]:
-        tok = Tokenizer(cfg["tokenizer_model"])
-    else:
-        tok = resolve_tokenizer(cfg, base_checkpoint(cfg))
-    # any kind of file source with text records (an unsupported file type is read_records' error)
-    rows, skipped = usable(read_records(Source(name=os.path.basename(path), path=path)))
-    if not rows:
-        raise UserError(f"--input {path} has no record with non-empty 'inputs' and 'targets'")
-    pairs = encode_records(rows, TokenizationOptions.from_config(cfg).encoder(tok))
-    megatron_data.write_pair(prefix, [a for a, _ in pairs], [b for _, b in pairs], tok.vocab_size)
-    print(f"wrote {len(rows)} examples ({skipped} with empty inputs or targets skipped) to "
-          f"{prefix}_inputs_document.{{bin,idx}} and {prefix}_targets_document.{{bin,idx}} "
-          f"(tokenizer {tok.model_path}, add_bos={cfg['add_bos']}, target_space={cfg['target_space']}, "
-          f"add_eos={cfg['add_eos']})")

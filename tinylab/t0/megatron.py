@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinylab.core.compat import declare_difference
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.fileio import atomic_file, read_text
 
@@ -178,12 +180,13 @@ def write_items(bin_f, idx_f, items, dtype):
 
 # ---------------------------------------------------------------------- <prefix>_{inputs,targets}_document
 
-def pair_prefixes(prefix):
-    return {f: f"{prefix}_{f}_document" for f in FIELDS}
+def pair_prefixes(prefix, fields=FIELDS):
+    """{field: <prefix>_<field>_document} (tools/preprocess_data.py's "{}_{}_{}" of prefix, json key, level)."""
+    return {f: f"{prefix}_{f}_document" for f in fields}
 
 
-def pair_files(prefix):
-    return [p + ext for p in pair_prefixes(prefix).values() for ext in (".bin", ".idx")]
+def pair_files(prefix, fields=FIELDS):
+    return [p + ext for p in pair_prefixes(prefix, fields).values() for ext in (".bin", ".idx")]
 
 
 def is_pair(prefix):
@@ -215,8 +218,8 @@ def open_pair(prefix, vocab_size=None, what=None):
 
 
 def check_outputs(prefix):
-    """Before any work: `prefix` names files in an existing folder (whether its four files may be
-    replaced is the output guard's rule, outputs.guard_prefix, checked when the flags were parsed)."""
+    """Before any work: `prefix` names files in an existing folder (whether its files may be
+    replaced is the output guard's rule, outputs.guard_prefix)."""
     if not prefix or prefix.endswith(("/", os.sep)):
         raise UserError(f"--output_prefix={prefix!r} must name a file prefix (e.g. data/rte), not a folder")
     parent = os.path.dirname(os.path.abspath(prefix))
@@ -224,20 +227,20 @@ def check_outputs(prefix):
         raise UserError(f"--output_prefix={prefix}: folder {parent} does not exist")
 
 
-def write_pair(prefix, inputs, targets, vocab_size):
-    """Write <prefix>_inputs_document.{bin,idx} and <prefix>_targets_document.{bin,idx} (one item
-    per example, dtype by vocabulary as Megatron's). Each file is written to a temp name and the
-    four are renamed only once all are complete, so a failure leaves none of them."""
-    if len(inputs) != len(targets):
-        raise ValueError("inputs and targets differ in length")
+def write_fields(prefix, items, vocab_size):
+    """Write <prefix>_<field>_document.{bin,idx} for each field of `items` ({field: [ids of each
+    example]}: one item per example, dtype by vocabulary as Megatron's). Each file is written to a
+    temp name and all are renamed only once all are complete, so a failure leaves none of them."""
+    if len({len(v) for v in items.values()}) > 1:
+        raise ValueError("the fields differ in length")
     dtype = best_fitting_dtype(vocab_size)
     with contextlib.ExitStack() as stack:
-        for field, items in zip(FIELDS, (inputs, targets)):
-            p = pair_prefixes(prefix)[field]
+        for field, ids in items.items():
+            p = pair_prefixes(prefix, (field,))[field]
             bin_f = stack.enter_context(atomic_file(p + ".bin"))
             idx_f = stack.enter_context(atomic_file(p + ".idx"))
-            write_items(bin_f, idx_f, items, dtype)
-    return pair_files(prefix)
+            write_items(bin_f, idx_f, ids, dtype)
+    return pair_files(prefix, tuple(items))
 
 
 # ---------------------------------------------------------------------- weighted-split arguments
@@ -346,10 +349,26 @@ def group_texts(cfg):
     return out
 
 
+TRAIN_GROUPS = Key("train_groups", "blend", "several --train-weighted-split-paths groups: blend = one blend of all their "
+                   "items, each weight as given | one = refused, as Megatron asserts one train group",
+                   choices=("blend", "one"))
+declare_difference(TRAIN_GROUPS, original="one", family="t0",
+                   behaviour="asserts exactly one training group ('Only 1 dataset group is allowed')",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/arguments.py:791")
+
+
 def check_weighted_splits(cfg):
     """The weighted-split keys' rules: each group parses, names are unique per split, and they
     replace --mixture (Megatron: its two data-loading modes are mutually exclusive)."""
     texts = group_texts(cfg)
+    if cfg["megatron_data_path"]:
+        if texts or cfg["mixture"]:
+            raise UserError("--data-path (with --split) is a third way to give the data: not with --mixture or the "
+                            "--*-weighted-split-paths arguments (Megatron: they exclude each other)")
+        data_path_items(cfg["megatron_data_path"])
+        split_fractions(cfg["megatron_split"] or "969,30,1")
+    elif cfg["megatron_split"]:
+        raise UserError("--split goes with --data-path")
     if not texts:
         return
     if cfg["mixture"]:
@@ -357,8 +376,55 @@ def check_weighted_splits(cfg):
     if "train" not in texts:
         raise UserError(f"{split_flag('valid')} / {split_flag('test')} need {split_flag('train')} "
                         f"(or {split_flag('train', True)})")
+    if cfg["train_groups"] == "one" and len(texts["train"]) > 1:
+        raise UserError(f"{split_flag('train')}: {len(texts['train'])} groups, but train_groups=one (Megatron "
+                        f"asserts one training group: 'Only 1 dataset group is allowed'); put the items in one group")
     for split, entries in texts.items():
         names = [parse_group(t, where)[0] for where, t in entries]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:
             raise UserError(f"{split_flag(split)}: group name '{dup}' is used twice (names must be unique)")
+
+
+# ---------------------------------------------------------------------- --data-path with --split (Megatron's option 1)
+
+def split_fractions(text):
+    """--split "969,30,1" (or "969/30/1") as Megatron reads it (dataset_utils.get_train_valid_test_split_):
+    up to three numbers, padded with 0, normalised to sum 1."""
+    parts = [p for p in text.replace("/", ",").split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise UserError(f"--split {text!r}: write up to three numbers, e.g. 969,30,1")
+    if len(values) > 3 or any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise UserError(f"--split {text!r}: up to three numbers >= 0 with a positive sum, e.g. 969,30,1")
+    values += [0.0] * (3 - len(values))
+    return tuple(v / sum(values) for v in values)
+
+
+def split_bounds(fractions, n):
+    """The documents [b0, b1), [b1, b2), [b2, b3) of train / valid / test among n: cumulative
+    int(round(f n)), then shifted so that the last bound is n (Megatron's rounding, exactly)."""
+    bounds = [0]
+    for f in fractions:
+        bounds.append(bounds[-1] + int(round(f * float(n))))
+    diff = bounds[-1] - n
+    return [bounds[0]] + [b - diff for b in bounds[1:]]
+
+
+def data_path_items(values):
+    """(weight, prefix) pairs of --data-path: one PREFIX, or W1 PREFIX1 W2 PREFIX2 ..."""
+    if len(values) == 1:
+        return [(1.0, values[0])]
+    if len(values) % 2:
+        raise UserError(f"--data-path takes one PREFIX or pairs W1 PREFIX1 W2 PREFIX2 ..., got {len(values)} values")
+    items = []
+    for w, p in zip(values[::2], values[1::2]):
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = -1.0
+        if not math.isfinite(weight) or weight <= 0:
+            raise UserError(f"--data-path: weight {w!r} (before {p}) must be a number > 0")
+        items.append((weight, p))
+    return items

@@ -38,6 +38,8 @@ class Source:
     start: float = 0.0  # the rows [start * n, end * n) of the file
     end: float = 1.0
     dataset: str = ""  # the dataset this prompt belongs to (per-dataset medians); default: name
+    split_part: tuple = ()  # --data-path/--split: (train, valid, test fractions, part); its documents by Megatron's rounding
+    range_reading: str = "as_written"  # a Megatron prefix's range: its own items, or Megatron's (sources/megatron.py)
 
     @property
     def reader(self):
@@ -240,13 +242,47 @@ def mixture_from_config(cfg):
     the working folder, as there) when given, else the mixture file. Several train groups are one
     blend: every item's weight as given, as if all were in one group."""
     texts = megatron_data.group_texts(cfg)
-    if not texts:
-        return read_mixture(cfg["mixture"])
+    if cfg.get("megatron_data_path"):
+        mixture = _data_path_mixture(cfg)
+    elif not texts:
+        mixture = read_mixture(cfg["mixture"])
+    else:
+        mixture = _split_paths_mixture(texts)
+    for src in mixture.train + [s for g in mixture.valid + mixture.test for s in g.sources]:
+        src.range_reading = cfg.get("megatron_range_reading", "as_written")
+    return mixture
+
+
+def _split_paths_mixture(texts):
     taken, groups = set(), {}
     for split in SPLITS:
         groups[split] = [group_from_string(t, where, "", split, taken if split == "train" else None)
                          for where, t in texts.get(split, [])]
     return Mixture([s for g in groups["train"] for s in g.sources], groups["valid"], groups["test"])
+
+
+def _data_path_mixture(cfg):
+    """--data-path W1 P1 W2 P2 with --split a,b,c (Megatron's option 1): every prefix split into
+    train / valid / test documents; the train parts blended by weight, the valid parts one group
+    "valid", the test parts one group "test" (a part of size 0 is left out, as Megatron builds no
+    dataset for it)."""
+    fractions = megatron_data.split_fractions(cfg["megatron_split"] or "969,30,1")
+    cum = [0.0, fractions[0], fractions[0] + fractions[1], 1.0]
+    parts, taken = [[], [], []], set()
+    for weight, path in megatron_data.data_path_items(cfg["megatron_data_path"]):
+        stem = name = _file_stem(path)
+        j = 2
+        while name in taken:
+            name, j = f"{stem}_{j}", j + 1
+        taken.add(name)
+        for k in range(3):
+            if fractions[k] > 0:
+                parts[k].append(Source(name=name, path=path, weight=weight, start=cum[k], end=min(1.0, cum[k + 1]),
+                                       dataset=name, split_part=(fractions, k)))
+    if not parts[0]:
+        raise UserError("--split gives the training part no documents")
+    return Mixture(parts[0], *([Group(split, members, split)] if members else [] for split, members in
+                               (("valid", parts[1]), ("test", parts[2]))))
 
 
 def resolve_weights(train, sizes):

@@ -8,24 +8,51 @@ T0 components take:
 """
 from dataclasses import asdict, dataclass, fields
 
+from tinylab.core.compat import declare_difference
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.t0.batches import NORMALIZATIONS
 from tinylab.t0.encode import TRUNCATE_SIDES, TRUNCATIONS, ExampleEncoder
-from tinylab.t0.megatron import check_weighted_splits
-from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, PackedStream
+from tinylab.t0.megatron import TRAIN_GROUPS, check_weighted_splits
+from tinylab.t0.megatron_args import MEGATRON_ARGS
+from tinylab.t0.overlap import OVERLAP_CHECK
+from tinylab.t0.packing import MAX_PACK_BUFFER, MIXINGS, PACKINGS, TOO_LONG, PackedStream
+from tinylab.t0.sources.megatron import RANGE_READING
+from tinylab.t0.valid_blend import VALID_GROUPS
 
 COUNT, NONNEG = "[1, inf)", "[0, inf)"
 
 # ---------------------------------------------------------------------- keys
+
+MIXING = Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
+             choices=MIXINGS)
+PACKING = Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order "
+              "that keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: greedy, examples in "
+              "draw order, a row closed when the next does not fit (Megatron's; ~0.85-0.88 full)", choices=PACKINGS)
+# Megatron packs each source on its own, greedily, and blends the sources' rows by weight
+declare_difference(MIXING, original="row", family="t0",
+                   behaviour="each source packed on its own; row i from the source maximising w * max(i, 1) - rows "
+                             "taken (BlendableDataset), every row single-source",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/blendable_dataset.py:30")
+declare_difference(PACKING, original="next_fit", family="t0",
+                   behaviour="greedy next-fit in the shuffled order, no look-ahead; rows of seq_length + 1 tokens, "
+                             "right-padded",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:464")
+TOO_LONG_EXAMPLES = Key("too_long_examples", "drop", "an example longer than a row (after max_input_len / "
+                        "max_target_len): drop = left out before packing | close_row = Megatron's: it stays in the "
+                        "shuffled order and, met by next-fit packing, closes the open row and is skipped "
+                        "(packing=next_fit only)", choices=TOO_LONG)
+declare_difference(TOO_LONG_EXAMPLES, original="close_row", family="t0",
+                   behaviour="an example longer than the row stays in the permutation; when met it closes the open "
+                             "row (even one with room left) and is skipped",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:488")
 
 T0_DATA = [
     Key("mixture", "", "mixture.json: {\"train\": [sources], \"valid\": [sources or groups], \"test\": [...]} "
         "(docs/t0.md)", input=True),
     Key("make_demo_data", "", "write the built-in multitask set to this folder and exit (an existing one is moved "
         "aside only with --overwrite=True)", output="demo_data"),
-    Key("mixing", "example", "example: mix examples by weight, then pack | row: Megatron's blend of packed rows",
-        choices=MIXINGS),
+    MIXING,
     Key("tokenizer_model", "", "'' = the tokenizer named by the base checkpoint's config", input=True),
     Key("add_bos", True, "BOS before every input (our models were pretrained with one per document)"),
     Key("target_space", True, "exactly one space between input and target (False: the target text as is)"),
@@ -35,9 +62,7 @@ T0_DATA = [
     Key("truncation", "truncate", "what to do with examples over those limits", choices=TRUNCATIONS),
     Key("truncate_side", "left", "which part of a too-long input is kept: left = BOS + its last tokens (the question) "
         "| right = its first max_input_len tokens (Mesh-TF / seqio, as T0 was trained)", choices=TRUNCATE_SIDES),
-    Key("packing", "best_fit", "best_fit: best-fit decreasing over pack_buffer drawn examples, rows in an order that "
-        "keeps the mixture's proportions (>= 0.99 full on long-tailed lengths) | next_fit: the earlier greedy packer, "
-        "examples in draw order (~0.85-0.88 full)", choices=PACKINGS),
+    PACKING, TOO_LONG_EXAMPLES,
     Key("pack_buffer", 2000, "packing=best_fit: examples packed together (more = fuller rows, more work per chunk)",
         range=f"[1, {MAX_PACK_BUFFER}]"),
     Key("pad_id", 0, "id written into padding (masked everywhere, so any id works)", range=NONNEG),
@@ -46,10 +71,16 @@ T0_DATA = [
     Key("pretrain_text", "", "a pretokenized dataset folder whose test shard's LM loss is logged as "
         "loss/valid/pretrain_text (forgetting; not in loss/valid)", input=True),
 ]
+LOSS_NORMALIZATION = Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | "
+                         "token_microbatch (Megatron)", choices=NORMALIZATIONS)
+declare_difference(LOSS_NORMALIZATION, original="token_microbatch", family="t0",
+                   behaviour="each micro-batch's loss is the token mean of its own target labels; the step averages "
+                             "the micro-batches' gradients",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/model/gpt_model.py:196")
 T0_LOSS = [
-    Key("prefixlm", False, "input tokens of an example attend to each other both ways"),
-    Key("loss_normalization", "token", "token | example (BLOOMZ --norm-target-loss) | token_microbatch (Megatron)",
-        choices=NORMALIZATIONS),
+    Key("prefixlm", False, "input tokens of an example attend to each other both ways (Megatron: bare --prefixlm)",
+        nargs=0),
+    LOSS_NORMALIZATION,
     Key("rank_eval_examples", 200, "rank-classification examples per validation group with answer_choices; "
         "0 disables", range=NONNEG),
     Key("rank_eval_batch_size", 0, "0 = batch_size", range=NONNEG),
@@ -76,9 +107,12 @@ T0_MEGATRON = _megatron_split_keys() + [
         "(tools/preprocess_data.py's files, with this run's tokenizer and tokenisation keys)", nargs=0),
     Key("input", "", "--preprocess: the json / jsonl / parquet file of inputs and targets", nargs=1, input=True),
     Key("output_prefix", "", "--preprocess: writes <prefix>_inputs_document.{bin,idx} and "
-        "<prefix>_targets_document.{bin,idx} (existing ones only with --overwrite=True)", nargs=1,
-        aliases=("output-prefix",), output="megatron_prefix"),
+        "<prefix>_targets_document.{bin,idx} (those of --json-keys; existing ones only with --overwrite=True)",
+        nargs=1, aliases=("output-prefix",), output="megatron_prefix", output_path=False),  # guarded by preprocess()
+    TRAIN_GROUPS, RANGE_READING, OVERLAP_CHECK, VALID_GROUPS,
 ]
+# Megatron's finetune_t0.py arguments in its spelling (tinylab/t0/megatron_args.py)
+T0_MEGATRON_ARGS = MEGATRON_ARGS
 
 T0_START = [
     Key("reset_progress", False, "init_from=resume_model: also take model_dir's optimizer state (moments, Adafactor's "
@@ -93,17 +127,10 @@ PRESET_EXTRAS = {"bloomz_adam": {"loss_normalization": "example", "prefixlm": Fa
 # ---------------------------------------------------------------------- rules between keys
 
 def check_megatron(cfg):
-    if cfg["preprocess"]:
-        if not cfg["input"] or not cfg["output_prefix"]:
-            raise UserError("--preprocess needs --input=FILE.jsonl and --output_prefix=PREFIX")
-        if cfg["make_demo_data"]:
-            raise UserError("--preprocess and --make_demo_data are two separate commands; give one")
-        if not cfg["tokenizer_model"] and not cfg["model_dir"]:
-            raise UserError("--preprocess tokenises with the base checkpoint's tokenizer: give --model_dir=DIR "
-                            "(or --tokenizer_model=FILE.model)")
-    elif cfg["input"] or cfg["output_prefix"]:
-        raise UserError("--input / --output_prefix are for --preprocess (a Megatron indexed dataset from a jsonl file)")
     check_weighted_splits(cfg)
+    if cfg["too_long_examples"] == "close_row" and cfg["packing"] != "next_fit":
+        raise UserError(f"too_long_examples=close_row is next-fit packing's (Megatron's), not packing={cfg['packing']}'s: "
+                        f"set packing=next_fit, or too_long_examples=drop")
 
 
 def check_reset_progress(cfg):
@@ -162,6 +189,7 @@ class PackingOptions:
     packing: str = "best_fit"
     pack_buffer: int = 2000
     pad_id: int = 0
+    too_long_examples: str = "drop"
 
     @classmethod
     def from_config(cls, cfg) -> "PackingOptions":
@@ -173,14 +201,18 @@ class PackingOptions:
 
     def stream(self, lengths, weights) -> PackedStream:
         """A seeded PackedStream over sources with these example lengths and weights."""
-        return PackedStream(lengths, weights, self.row_len, self.seed, self.mixing, self.packing, self.pack_buffer)
+        return PackedStream(lengths, weights, self.row_len, self.seed, self.mixing, self.packing, self.pack_buffer,
+                            self.too_long_examples)
 
     def identity(self) -> dict:
         """The settings a training stream depends on; packing and pack_buffer came later and count
-        only off their earlier behaviour (next_fit), so older runs still resume."""
+        only off their earlier behaviour (next_fit), so older runs still resume; too_long_examples
+        likewise off drop."""
         out = asdict(self)
         if self.packing == "next_fit":
             del out["packing"], out["pack_buffer"]
+        if self.too_long_examples == "drop":
+            del out["too_long_examples"]
         return out
 
 

@@ -11,7 +11,16 @@ import hashlib
 
 import numpy as np
 
+from tinylab.core.compat import declare_difference
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
+
+OVERLAP_CHECK = Key("overlap_check", True, "refuse validation / test data that shares examples or row ranges with "
+                    "the training data (False: Megatron's behaviour, no check)")
+declare_difference(OVERLAP_CHECK, original=False, family="t0",
+                   behaviour="no check: its BLOOMZ validation files (0.950:1 of each training file) were scored on "
+                             "training examples",
+                   source="bigscience-workshop/Megatron-DeepSpeed megatron/data/decoder_packed_mtf_dataset.py:175")
 
 
 def example_hash(inputs, targets):

@@ -15,6 +15,7 @@ from tinylab.core.errors import UserError
 
 MIXINGS = ("example", "row")
 PACKINGS = ("best_fit", "next_fit")
+TOO_LONG = ("drop", "close_row")  # what next-fit packing does with an example longer than a row
 MAX_PACK_BUFFER = 20_000  # balanced_order's integer sums stay exact far beyond this
 
 
@@ -261,10 +262,13 @@ class _BestFit:
 
 class _NextFit:
     """Greedy next-fit packing of a stream of examples: append while the next one fits, else close
-    the row; the example that did not fit opens the next row (and may cross into a new epoch)."""
+    the row; the example that did not fit opens the next row (and may cross into a new epoch).
+    With close_row (Megatron's _build_sample_idx), an example longer than a row closes the open
+    row and is skipped; otherwise the stream holds no such example."""
 
-    def __init__(self, next_example, length, row_len):
+    def __init__(self, next_example, length, row_len, close_row=False):
         self.next_example, self.length, self.row_len = next_example, length, row_len
+        self.close_row = close_row
         self.carry, self.used = None, 0  # the example that opens the next row; tokens of the last row
 
     def next_row(self):
@@ -273,6 +277,11 @@ class _NextFit:
             ex = self.carry if self.carry is not None else self.next_example()
             self.carry = None
             n = self.length(ex)
+            if self.close_row and n > self.row_len:
+                if items:
+                    self.used = used
+                    return items
+                continue
             if items and used + n > self.row_len:
                 self.carry, self.used = ex, used
                 return items
@@ -297,11 +306,15 @@ class PackedStream:
     packing="best_fit" (default): best-fit decreasing over chunks of `buffer` drawn examples, rows
     in a weight-balanced order (_BestFit; >= 0.99 full on long-tailed lengths); "next_fit": the examples
     in draw order, a row closed when the next one does not fit (the earlier packer, ~0.85).
-    Deterministic in (lengths, weights, row_len, seed, mixing, packing, buffer); state_dict() is
-    plain ints.
+    too_long="drop": no example may be longer than a row (the caller dropped them); "close_row"
+    (next_fit only, Megatron's): such examples stay in the shuffled order, and each one met closes
+    the open row and is skipped.
+    Deterministic in (lengths, weights, row_len, seed, mixing, packing, buffer, too_long);
+    state_dict() is plain ints.
     """
 
-    def __init__(self, lengths, weights, row_len, seed, mixing="example", packing="best_fit", buffer=2000):
+    def __init__(self, lengths, weights, row_len, seed, mixing="example", packing="best_fit", buffer=2000,
+                 too_long="drop"):
         if mixing not in MIXINGS:
             raise UserError(f"mixing must be one of {', '.join(MIXINGS)}, not '{mixing}'")
         if packing not in PACKINGS:
@@ -310,9 +323,7 @@ class PackedStream:
             raise UserError(f"pack_buffer must be an integer in [1, {MAX_PACK_BUFFER}], got {buffer!r}")
         if any(len(l) == 0 for l in lengths):
             raise UserError("every training source needs at least one example that fits the row")
-        longest = max(int(np.max(l)) for l in lengths)
-        if longest > row_len:
-            raise UserError(f"an example of {longest} tokens does not fit a row of {row_len}")
+        _check_lengths(lengths, row_len, packing, too_long)
         w = np.asarray(weights, dtype=np.float64)
         self.weights = w / w.sum()
         self.lengths, self.row_len, self.mixing = [np.asarray(l) for l in lengths], row_len, mixing
@@ -326,7 +337,7 @@ class PackedStream:
             self.rows_used = np.zeros(len(lengths), dtype=np.int64)
         if packing == "next_fit":
             length = lambda ex: int(self.lengths[ex[0]][ex[1]])  # noqa: E731
-            self.packers = [_NextFit(st.next, length, row_len) for st in streams]
+            self.packers = [_NextFit(st.next, length, row_len, too_long == "close_row") for st in streams]
         else:
             flat = np.concatenate(self.lengths)  # lengths of (s, i) at offsets[s] + i
             offsets = np.concatenate([[0], np.cumsum([len(l) for l in self.lengths])[:-1]]).astype(np.int64)
@@ -376,10 +387,28 @@ class PackedStream:
             p.load(c)  # after the orders: a best-fit packer rewinds them to its chunk and repacks it
 
 
+def _check_lengths(lengths, row_len, packing, too_long):
+    if too_long not in TOO_LONG:
+        raise UserError(f"too_long_examples must be one of {', '.join(TOO_LONG)}, not '{too_long}'")
+    if too_long == "drop":
+        longest = max(int(np.max(l)) for l in lengths)
+        if longest > row_len:
+            raise UserError(f"an example of {longest} tokens does not fit a row of {row_len}")
+        return
+    if packing != "next_fit":
+        raise UserError("too_long_examples=close_row is next-fit packing's (Megatron's); set packing=next_fit, "
+                        "or too_long_examples=drop")
+    if any(int(np.min(l)) > row_len for l in lengths):
+        raise UserError(f"every training source needs at least one example that fits a row of {row_len}")
+
+
 def pack_once(lengths, row_len, seed):
-    """One pass over one source's examples in a seeded order, next-fit packed (validation rows)."""
+    """One pass over one source's examples in a seeded order, next-fit packed (validation rows);
+    an example longer than a row is left out."""
     rows, row, used = [], [], 0
     for i in np.random.default_rng([seed, 13]).permutation(len(lengths)).tolist():
+        if lengths[i] > row_len:
+            continue
         if row and used + lengths[i] > row_len:
             rows.append(row)
             row, used = [], 0
