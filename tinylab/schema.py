@@ -45,7 +45,8 @@ from tinylab.growth.plan.options import PLAN_SECTION
 from tinylab.growth.schedule import check_growth
 from tinylab.nn import attention
 from tinylab.nn.attention import check_attention_impl
-from tinylab.t0.megatron_args import SAME, megatron_spellings, translate
+from tinylab.t0 import megatron_args
+from tinylab.t0.megatron_args import SAME, megatron_spellings
 from tinylab.t0.options import (
     PRESET_EXTRAS,
     T0_DATA,
@@ -59,6 +60,7 @@ from tinylab.t0.options import (
     loads_model,
 )
 from tinylab.t0.preprocess import PREPROCESS_KEYS, check_preprocess
+from tinylab.training import staged_flags
 from tinylab.training.options import (
     ADAFACTOR_KEYS,
     CRITICAL_BATCH_SIZE,
@@ -72,7 +74,7 @@ from tinylab.training.options import (
 )
 from tinylab.training.presets import apply_optimizer_preset
 from tinylab.training.restart import check_restart
-from tinylab.training.staged_flags import REFUSED, STAGED_FLAG_KEYS, check_staged_flags, given, translate
+from tinylab.training.staged_flags import REFUSED, STAGED_FLAG_KEYS, check_staged_flags
 from tinylab.training.warmup import WARMUP_KEYS, check_warmups
 
 # ---------------------------------------------------------------------- train.py's data section: the data keys, the warmups
@@ -86,12 +88,12 @@ def train_family(cfg) -> str:
     """The original compat=original reproduces for a train.py run: staged-training's gpt_pretrain.py
     when the run uses its flags (tinylab/training/staged_flags.py) or grows (grow_schedule), else the
     TinyStories study's train.py."""
-    return "staged" if given(cfg) or cfg["grow_schedule"] else "study"
+    return "staged" if staged_flags.given(cfg) or cfg["grow_schedule"] else "study"
 
 
 def prepare_train(cfg, sources):
     defaults = TRAIN.defaults()
-    cfg = translate(cfg, sources)  # staged-training's flags onto our keys, said once
+    cfg = staged_flags.translate(cfg, sources)  # staged-training's flags onto our keys, said once
     return apply_compat(apply_optimizer_preset(cfg, defaults), defaults, train_family(cfg))
 
 
@@ -122,7 +124,8 @@ def check_t0(cfg):
 
 def prepare_t0(cfg, sources=None):
     defaults = FINETUNE_T0.defaults()
-    out = apply_optimizer_preset(translate(cfg, defaults), defaults)  # Megatron's arguments first: --optimizer adam
+    # Megatron's arguments first (--optimizer adam), then the preset
+    out = apply_optimizer_preset(megatron_args.translate(cfg, defaults), defaults)
     for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
         if cfg[key] == defaults[key]:
             out[key] = value

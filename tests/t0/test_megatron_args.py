@@ -86,11 +86,10 @@ def hf_tokenizer_folder(folder):
     """A Hugging Face tokenizer folder from the shipped sentencepiece model (BPE over its pieces,
     merges by piece score, sentencepiece's whitespace handling; no BOS), made here: nothing downloaded."""
     from sentencepiece import sentencepiece_model_pb2 as pb
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-
     from tokenizers import Tokenizer as HFTok
     from tokenizers import normalizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
     m = pb.ModelProto()
     m.ParseFromString(open(TOK8192, "rb").read())
     vocab = {p.piece: i for i, p in enumerate(m.pieces)}
