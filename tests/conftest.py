@@ -310,3 +310,17 @@ def t0_args(mixture, base, out_dir, **over):
                device="cpu", dtype="float32")
     cfg.update(over)
     return [f"--{k}={v}" for k, v in cfg.items()]
+
+
+def staged_training_lr_lambda(step, warmup, total, restart_steps=0, restart_warmup=0):
+    """The reference for staged-training's schedule: gpt_pretrain.py's
+    get_restart_linear_schedule_with_warmup lr_lambda (lines 48-88), verbatim in meaning; without
+    the restart flags it is get_linear_schedule_with_warmup's."""
+    if restart_steps != 0 and restart_warmup != 0 and restart_steps <= step < restart_steps + restart_warmup:
+        if step < warmup:
+            return (step - restart_steps) / max(1, restart_warmup) * (restart_steps + restart_warmup) / max(1, warmup)
+        return (step - restart_steps) / max(1, restart_warmup) * (total - restart_steps - restart_warmup) / \
+            max(1, total - warmup)
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))

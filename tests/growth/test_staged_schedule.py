@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, records, run_main, train_losses
+from conftest import assert_one_line_error, records, run_main, staged_training_lr_lambda, train_losses
 
 from model import ModelArgs, Transformer
 from tinylab.core.checkpoint import load_checkpoint, model_args_dict, save_checkpoint
@@ -42,18 +42,6 @@ def small_state(iter_num=30, **cfg_over):
             "param_overrides": None, "lr_rewarmup": None}
 
 
-def original_restart_lambda(step, warmup, total, restart_steps, restart_warmup):
-    """staged-training's get_restart_linear_schedule_with_warmup lr_lambda, verbatim in meaning."""
-    if restart_steps != 0 and restart_warmup != 0 and restart_steps <= step < restart_steps + restart_warmup:
-        if step < warmup:
-            return (step - restart_steps) / max(1, restart_warmup) * (restart_steps + restart_warmup) / max(1, warmup)
-        return (step - restart_steps) / max(1, restart_warmup) * (total - restart_steps - restart_warmup) / \
-            max(1, total - warmup)
-    if step < warmup:
-        return step / max(1, warmup)
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
 # ---------------------------------------------------------------------- the schedules
 
 def test_linear_and_constant_schedules_equal_transformers():
@@ -85,12 +73,12 @@ def test_restart_schedule_is_the_originals_formula():
         resumed = ScheduleOptions.from_config({**ckpt["config"], "learning_rate": 2e-3})
         for k in range(70):
             it = grown["iter_num"] + k
-            want = 1e-3 * original_restart_lambda(s + 1 + k, 10, 100, s, r)
+            want = 1e-3 * staged_training_lr_lambda(s + 1 + k, 10, 100, s, r)
             assert lr_at(it, resumed, grown["lr_rewarmup"]) == pytest.approx(want, rel=1e-12, abs=1e-15), (s, r, k)
         reset = grow_checkpoint(ckpt, GrowthOptions("weights", restart_steps=s, restart_warmup_steps=r,
                                                     reset_lr_scheduler=True), ckpt["config"])
         for k in range(70):
-            want = 2e-3 * original_restart_lambda(s + 1 + k, 10, 100, s, r)
+            want = 2e-3 * staged_training_lr_lambda(s + 1 + k, 10, 100, s, r)
             assert lr_at(reset["iter_num"] + k, resumed, reset["lr_rewarmup"]) == pytest.approx(want, rel=1e-12,
                                                                                                   abs=1e-15)
     # the run ends when the schedule position reaches max_iters: 100 - (S + 1) more steps
@@ -288,14 +276,14 @@ def test_resume_ckpt_continues_a_grown_file_in_a_new_folder(tiny_corpus, tmp_pat
                                    resume_ckpt=grown), check=True)
     lrs = {r["iter"]: r["lr"] for r in records(deep, "train")}
     assert sorted(lrs) == [4, 5, 6, 7, 8]  # schedule positions 3..7: the run ends at position max_iters
-    assert lrs[4] == pytest.approx(1e-3 * original_restart_lambda(3, 0, 8, 2, 2))
-    assert lrs[6] == pytest.approx(1e-3 * original_restart_lambda(5, 0, 8, 2, 2))
+    assert lrs[4] == pytest.approx(1e-3 * staged_training_lr_lambda(3, 0, 8, 2, 2))
+    assert lrs[6] == pytest.approx(1e-3 * staged_training_lr_lambda(5, 0, 8, 2, 2))
     assert load_checkpoint(deep)["model_args"]["n_layers"] == 2
     # the small run's folder is untouched by the continued run; a second continuation into the
     # now-used folder is refused
     assert_one_line_error(run_main("train.py", tiny_args(tiny_corpus, deep, init_from="resume_train",
                                                          resume_ckpt=grown)), "already holds a run")
-    assert lrs[8] == pytest.approx(1e-3 * original_restart_lambda(7, 0, 8, 2, 2))
+    assert lrs[8] == pytest.approx(1e-3 * staged_training_lr_lambda(7, 0, 8, 2, 2))
 
 
 def test_auto_growth_follows_the_rule_and_resumes_exactly(tiny_corpus, tmp_path, monkeypatch):

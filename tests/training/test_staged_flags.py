@@ -6,26 +6,13 @@ below; the cheatsheet's commands (cheatsheet.txt:40-87) run end to end with a ti
 import os
 
 import pytest
-from conftest import records, run_main
+from conftest import records, run_main, staged_training_lr_lambda
 
 from tinylab.core.checkpoint import load_checkpoint
 from tinylab.core.errors import UserError
 from tinylab.schema import TRAIN, train_family
 from tinylab.training.restart import RestartOptions, restart_rewarmup
 from tinylab.training.staged_flags import notice
-
-
-def original_lambda(step, warmup, total, restart_steps=0, restart_warmup=0):
-    """gpt_pretrain.py's get_restart_linear_schedule_with_warmup lr_lambda (lines 48-88), verbatim
-    in meaning; without the restart flags it is get_linear_schedule_with_warmup's."""
-    if restart_steps != 0 and restart_warmup != 0 and restart_steps <= step < restart_steps + restart_warmup:
-        if step < warmup:
-            return (step - restart_steps) / max(1, restart_warmup) * (restart_steps + restart_warmup) / max(1, warmup)
-        return (step - restart_steps) / max(1, restart_warmup) * (total - restart_steps - restart_warmup) / \
-            max(1, total - warmup)
-    if step < warmup:
-        return step / max(1, warmup)
-    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 def ours(corpus, **over):
@@ -116,7 +103,7 @@ def test_restart_record_is_the_originals_schedule():
     for s, r in ((12, 5), (3, 20), (40, 0), (0, 30)):
         rw = restart_rewarmup(57, s, r)
         for k in range(100 - s - 1):
-            want = 1e-3 * original_lambda(s + 1 + k, 10, 100, s, r)
+            want = 1e-3 * staged_training_lr_lambda(s + 1 + k, 10, 100, s, r)
             assert lr_at(57 + k, sched, rw) == pytest.approx(want, rel=1e-12, abs=1e-15), (s, r, k)
 
 
@@ -158,7 +145,7 @@ def test_cheatsheet_commands(tiny_corpus, tmp_path, doubling, extra, grown_key, 
     assert proc.stderr.count("notice: staged-training flags:") == 1
     assert sorted(lrs(small)) == list(range(6))
     for it, lr in lrs(small).items():
-        assert lr == pytest.approx(0.002 * original_lambda(it, 2, 6), abs=1e-15)
+        assert lr == pytest.approx(0.002 * staged_training_lr_lambda(it, 2, 6), abs=1e-15)
     ckpt = str(small / "ckpt.pt")
     restart = ["--restart_warmup_steps", "2", "--restart_steps", "3", "--reset_lr_scheduler"]
     grow = staged(tmp_path / "runs", "small", steps=12, lr="0.0015") + ["--resume", ckpt, "--doubling", doubling]
@@ -174,7 +161,7 @@ def test_cheatsheet_commands(tiny_corpus, tmp_path, doubling, extra, grown_key, 
     got = lrs(grown)
     assert sorted(got) == list(range(6, 6 + 12 - 3 - 1))  # iterations continue; positions 4 .. 11
     for k, it in enumerate(sorted(got)):
-        assert got[it] == pytest.approx(0.0015 * original_lambda(3 + 1 + k, 2, 12, 3, 2), rel=1e-12, abs=1e-15)
+        assert got[it] == pytest.approx(0.0015 * staged_training_lr_lambda(3 + 1 + k, 2, 12, 3, 2), rel=1e-12, abs=1e-15)
     assert load_checkpoint(str(grown))["model_args"][grown_key] == grown_value
 
 
@@ -205,7 +192,7 @@ def test_resume_in_place_with_restart_and_reset_optimizer(tiny_corpus, tmp_path)
     got = lrs(run)
     assert sorted(got) == list(range(6 + 10 - 2 - 1))  # the in-place resume appends iterations 6 .. 12
     for k, it in enumerate(range(6, 13)):
-        assert got[it] == pytest.approx(0.002 * original_lambda(3 + k, 2, 10, 2, 3), rel=1e-12, abs=1e-15)
+        assert got[it] == pytest.approx(0.002 * staged_training_lr_lambda(3 + k, 2, 10, 2, 3), rel=1e-12, abs=1e-15)
 
 
 def test_fp16_trains_in_float16_with_the_loss_scaler(tiny_corpus, tmp_path):
