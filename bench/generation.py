@@ -105,9 +105,9 @@ def child(argv, old):
     spent, tokens = [0.0], [0]
     real_generate, real_eval_generate = model_lib.Transformer.generate, LMEvaluator.generate
 
-    def eval_generate(self, model, data_dir, iter_num):
+    def eval_generate(self, *args, **kw):
         t = time.perf_counter()
-        rows = real_eval_generate(self, model, data_dir, iter_num)
+        rows = real_eval_generate(self, *args, **kw)
         spent[0] += time.perf_counter() - t
         return rows
 
