@@ -27,6 +27,7 @@ from tinylab.core.run_keys import (
     check_init,
     check_parallelism,
 )
+from tinylab.data.documents import DOCUMENT_KEYS, check_documents
 from tinylab.data.options import LM_DATA_KEYS, LM_SPLIT_KEYS, TOKENIZER_MODEL
 from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
 from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
@@ -62,10 +63,10 @@ from tinylab.training.options import (
 from tinylab.training.presets import apply_optimizer_preset
 from tinylab.training.warmup import WARMUP_KEYS, check_warmups
 
-# ---------------------------------------------------------------------- train.py's data section: the data keys, the warmups
+# ---------------------------------------------------------------------- train.py's data section: the data keys, document masks, the warmups
 
 LM_DATA = [
-    *LM_DATA_KEYS, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
+    *LM_DATA_KEYS, *DOCUMENT_KEYS, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
 ]
 
 
@@ -86,7 +87,7 @@ TRAIN = Schema("train.py", [
     ("generation evaluation", GENERATION_KEYS), ("system", SYSTEM_KEYS),
     ("the original codebases' behaviour (docs/originals.md)", [COMPAT]),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
-       check_heads, check_parallelism],
+       check_heads, check_parallelism, check_documents],
     prepare=prepare_train)
 
 
