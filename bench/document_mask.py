@@ -1,7 +1,7 @@
 """What document_mask (and document_positions) change in pretraining on the built-in corpus: the
 losses, the generation score and the speed, side by side with the same runs without them.
 
-    python bench/document_mask.py [--iters=200] [--speed_iters=30] [--repeats=2] [--threads=N] [--key=value ...]
+    python bench/document_mask.py [--iters=200 (0: speed only)] [--speed_iters=30] [--repeats=2] [--threads=N] [--key=value ...]
 
 The corpus is the README Quickstart's (`tinystories.py synthesize`, 8 shards x 3000 stories;
 `train_vocab` 512 pieces; `pretokenize`), built in a temporary folder. Every run is
@@ -59,11 +59,12 @@ DATASET = parse_spec().name()
 EVAL_BATCHES, EVAL_ROWS = 10, 16
 
 
-def quickstart_corpus(root):
+def quickstart_corpus(root, judge):
     synthesize(root, num_shards=8, stories_per_shard=3000, seed=0)
     train_vocab(root, 512, seed=0)
     pretokenize(root, 512, parse_spec(), seed=0)
-    make_judge("Twist", root)  # trained and cached in root/judges/ before any run is timed
+    if judge:
+        make_judge("Twist", root)  # trained and cached in root/judges/ before any run is timed
 
 
 @torch.no_grad()
@@ -117,7 +118,7 @@ def run_one(root, data, name, tag, extra, env, seed):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iters", type=int, default=200, help="training iterations of the quality runs")
+    p.add_argument("--iters", type=int, default=200, help="training iterations of the quality runs (0: none)")
     p.add_argument("--speed_iters", type=int, default=30, help="training iterations of the timed runs")
     p.add_argument("--repeats", type=int, default=2, help="rounds of the timed runs (ABBA order)")
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of every run (0: torch's default)")
@@ -125,22 +126,22 @@ def main():
     args, overrides = p.parse_known_args()
     if args.child is not None:
         return child(*json.loads(args.child))
-    if args.repeats < 1 or min(args.iters, args.speed_iters) < 10:
-        raise SystemExit("error: --repeats must be at least 1, --iters and --speed_iters at least 10")
+    if args.repeats < 1 or args.speed_iters < 10 or 0 < args.iters < 10:
+        raise SystemExit("error: --repeats must be at least 1, --speed_iters at least 10, --iters 0 or at least 10")
     env = dict(os.environ, WANDB_MODE="disabled")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     quality, speed = {}, {name: [] for name, _ in SETTINGS}
     with tempfile.TemporaryDirectory() as root:
         data = os.path.join(root, "data")
-        quickstart_corpus(data)
+        quickstart_corpus(data, judge=args.iters > 0)
         print(f"{'run':12s} {'setting':15s} {'loss/test':>9} {'masked':>7} {'unmasked':>8} {'score (n)':>11} "
               f"{'tok/s':>7} {'wall s':>7} {'load':>5}", flush=True)
         runs = [("quality", name, extra + [f"--max_iters={args.iters}", f"--lr_decay_iters={args.iters}",
                                            f"--warmup_iters={args.iters // 10}", f"--eval_interval={args.iters}",
                                            f"--eval_iters={EVAL_BATCHES}", "--feature_eval=Twist",
                                            "--generation_batch_size=16", "--generation_eval_iters=4"])
-                for name, extra in SETTINGS]
+                for name, extra in SETTINGS if args.iters]
         for r in range(args.repeats):
             for name, extra in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
                 runs.append((f"speed {r}", name, extra + [
@@ -160,6 +161,8 @@ def report(quality, speed, args, env, overrides):
     threads = env.get("OMP_NUM_THREADS", f"(unset: torch default {torch.get_num_threads()})")
     print(f"\nconfigs/tiny_demo.py with gradient_accumulation_steps=1 (16 x 256 tokens per iteration), seed 0, "
           f"OMP_NUM_THREADS={threads}" + (f"; train.py overrides {' '.join(overrides)}" if overrides else ""))
+    if not quality:
+        return speed_table(speed, args)
     print(f"\nquality after {args.iters} iterations (losses on the same 10 x 16 test windows; score: judged Twist "
           f"among the n prompts asking for it, of 64):")
     print("| setting | loss/test (as trained) | masked loss | unmasked loss | generation score (n) |")
@@ -167,6 +170,10 @@ def report(quality, speed, args, env, overrides):
     for name, x in quality.items():
         score = "-" if x["score"] is None else f"{x['score']:.3f} ({x['asked']})"
         print(f"| {name} | {x['loss/test']:.4f} | {x['masked']:.4f} | {x['unmasked']:.4f} | {score} |")
+    speed_table(speed, args)
+
+
+def speed_table(speed, args):
     print(f"\nspeed: {args.repeats} rounds of {args.speed_iters}-iteration runs in ABBA order (tokens/s: the median of "
           "each run's iterations after the first five; wall: the whole process):")
     print("| setting | tokens/s (per round) | vs off (per round) | wall s (per round) |")
@@ -174,7 +181,8 @@ def report(quality, speed, args, env, overrides):
     base = speed["off"]
     for name, runs in speed.items():
         print(f"| {name} | " + " ".join(f"{x['tokens_per_s']:,.0f}" for x in runs) + " | "
-              + " ".join(f"{x['tokens_per_s'] / b['tokens_per_s']:.3f}" for x, b in zip(runs, base)) + " | "
+              + " ".join(f"{x['tokens_per_s'] / b['tokens_per_s']:.3f}" for x, b in zip(runs, base))
+              + f" (median {statistics.median(x['tokens_per_s'] / b['tokens_per_s'] for x, b in zip(runs, base)):.3f}) | "
               + " ".join(f"{x['wall']:.1f}" for x in runs) + " |")
 
 
