@@ -1,7 +1,8 @@
 """Language modelling on pretokenized TinyStories datasets (train.py): which data layout and
 tokenizer a config means, and the evaluation the loop runs every eval_interval: mean losses on
-fixed batches of named datasets (masked as training is: document_mask), and generations from the instruction headers of test examples
-(logged as tables, optionally judged for a feature).
+fixed batches of named datasets (masked as training is, with document_mask), and generations
+from the instruction headers of test examples (logged as tables, optionally judged for a
+feature).
 
 The generation evaluation's keys (GENERATION_KEYS, train.py's "generation evaluation" section) are
 declared here, read once into GenerationOptions; the loss sets come from the data keys.
