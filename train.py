@@ -17,6 +17,7 @@ import sys
 
 from tinylab.core.errors import UserError, cli_main
 from tinylab.core.memory_budget import Shape, check_training
+from tinylab.data.documents import DocumentBatches, DocumentOptions
 from tinylab.data.options import LMDataOptions
 from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.eval.lm_eval import GenerationOptions, LMEvaluator, dataset_vocab, lm_tokenizer
@@ -97,6 +98,9 @@ def main(argv=None):
         batches = BatchLoader.from_options(data, "train", cfg["seed"], rank=run.dist.rank, world_size=run.dist.world_size,
                                            bos_id=tokenizer.bos_id, device=run.device,
                                            split_on_bos=cfg["probes"])  # probes read each window's story
+        documents = DocumentOptions.from_config(cfg)
+        if documents.mask:  # each token attends within its own story (tinylab/data/documents.py)
+            batches = DocumentBatches(batches, tokenizer.bos_id, documents)
         generation = GenerationOptions.from_config(cfg)
         if heads is None:
             evaluator = LMEvaluator(cfg, run, tokenizer, generation)

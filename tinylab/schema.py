@@ -28,6 +28,7 @@ from tinylab.core.run_keys import (
     check_init,
     check_parallelism,
 )
+from tinylab.data.documents import DOCUMENT_KEYS, check_documents
 from tinylab.data.options import LM_DATA_KEYS, LM_SPLIT_KEYS, TOKENIZER_MODEL
 from tinylab.eval.compare import COMPARE_KEYS, COMPARE_OUT, check_compare
 from tinylab.eval.keys import CHECKPOINT, EVAL_KEYS, TOOL_DATA_CACHE
@@ -77,10 +78,10 @@ from tinylab.training.restart import check_restart
 from tinylab.training.staged_flags import REFUSED, STAGED_FLAG_KEYS, check_staged_flags
 from tinylab.training.warmup import WARMUP_KEYS, check_warmups
 
-# ---------------------------------------------------------------------- train.py's data section: the data keys, the warmups
+# ---------------------------------------------------------------------- train.py's data section: the data keys, document masks, the warmups
 
 LM_DATA = [
-    *LM_DATA_KEYS, EVAL_BATCH_SIZES, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
+    *LM_DATA_KEYS, EVAL_BATCH_SIZES, *DOCUMENT_KEYS, *WARMUP_KEYS, CRITICAL_BATCH_SIZE, *LM_SPLIT_KEYS,
 ]
 
 
@@ -105,7 +106,7 @@ TRAIN = Schema("train.py", [
     ("the original codebases' behaviour (docs/originals.md)", [COMPAT]),
     ("staged-training's gpt_pretrain.py flags, spelt --flag VALUE (docs/growth.md)", STAGED_FLAG_KEYS),
 ], rules=[check_model_shape, check_schedule, check_warmups, check_save_best, check_init, check_generation_datasets, check_growth,
-       check_heads, check_parallelism, check_staged_flags, check_restart],
+       check_heads, check_parallelism, check_staged_flags, check_restart, check_documents],
     prepare=prepare_train, refused=REFUSED)
 
 

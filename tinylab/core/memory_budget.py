@@ -24,9 +24,12 @@ and the fused head's fp32 sums, A = P for activations (2 under bf16 / fp16 autoc
   batch buffers      train.py: 4 int64 arrays of batch_size x (max_seq_len + 1) (the loader's window
                      gather, its index, x, y) and the uint16 windows read from the mmap;
                      finetune_t0.py: every micro-batch of an optimizer step at once (tokens,
-                     targets, segment and position ids, loss weights) and the packed rows
-  packed-rows mask   finetune_t0.py with SDPA or dense: batch_size x max_seq_len^2 x A (additive mask)
-  loss evaluation    eval_batch_size x (max_seq_len + 1) int64 windows (no gradients)
+                     targets, segment and position ids, loss weights) and the packed rows;
+                     train.py with document_mask: + the windows' int64 segment (and position) ids
+  packed-rows mask   finetune_t0.py, and train.py with document_mask, with SDPA or dense:
+                     batch_size x max_seq_len^2 x (A + 1) (the bool mask and its additive form)
+  loss evaluation    eval_batch_size x (max_seq_len + 1) int64 windows (no gradients); with
+                     document_mask their ids and bool mask, eval_batch_size x max_seq_len^2
   generation         generation_batch_size x min(max_seq_len, max_new_tokens) x n_layers x 2 x
                      kv_dim x P (the KV cache) and the prompt windows
 
@@ -265,6 +268,7 @@ class TrainingLoad:
     generation_rows: int  # generation_batch_size when the run generates, else 0
     new_tokens: int  # max_new_tokens
     attention_impl: str  # the packed rows' attention backend (or auto): whether they get a dense mask
+    document_arrays: int = 0  # train.py's document_mask: int64 id arrays per window (segments, positions)
 
     @classmethod
     def from_config(cls, cfg) -> "TrainingLoad":
@@ -278,7 +282,8 @@ class TrainingLoad:
                    eval_rows=cfg["batch_size"] if original_sizes else cfg.get("eval_batch_size") or 0,
                    generation_rows=(cfg["batch_size"] if original_sizes else cfg["generation_batch_size"]) if generates
                    else 0,
-                   new_tokens=cfg.get("max_new_tokens", 0), attention_impl=cfg.get("attention_impl", "auto"))
+                   new_tokens=cfg.get("max_new_tokens", 0), attention_impl=cfg.get("attention_impl", "auto"),
+                   document_arrays=(1 + bool(cfg.get("document_positions"))) if cfg.get("document_mask") else 0)
 
 
 def optimizer_state(shape: Shape, load: TrainingLoad, pb, shard=1) -> Term:
@@ -294,7 +299,7 @@ def optimizer_state(shape: Shape, load: TrainingLoad, pb, shard=1) -> Term:
 def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=False, packed=False, packed_mask=False):
     """The larger of training's and the evaluations' peaks, per process, for cfg's batch_size and
     max_seq_len. `packed`: finetune_t0.py's batches (every micro-batch of a step at once);
-    `packed_mask`: its dense attention mask (SDPA's, dense's)."""
+    `packed_mask`: its dense attention mask (SDPA's, dense's; train.py's with document_mask)."""
     load = TrainingLoad.from_config(cfg)
     pb, ab = _bytes(dtype)
     shard = world_size if fsdp else 1  # FSDP: parameters, gradients and state sharded over the processes
@@ -308,9 +313,12 @@ def training_estimate(cfg, shape: Shape, dtype="float32", world_size=1, fsdp=Fal
     B, L = load.batch_size, load.max_seq_len
     eval_rows = load.eval_rows or B
     if eval_rows != B or load.eval_only:
-        estimates.append(Estimate("the loss evaluation", static + [
-            Term("evaluation batch buffers", eval_rows * (L + 1) * (4 * 8 + 2),
-                 {"eval_batch_size": eval_rows, "max_seq_len": L})]))
+        rows = {"eval_batch_size": eval_rows, "max_seq_len": L}
+        terms = [Term("evaluation batch buffers", eval_rows * (L + 1) * (4 * 8 + 2) + eval_rows * L * 8 * load.document_arrays,
+                      rows)]
+        if packed_mask and load.document_arrays:  # no gradients: the bool mask alone
+            terms.append(Term("document attention mask", eval_rows * L * L, rows))
+        estimates.append(Estimate("the loss evaluation", static + terms))
     if load.generation_rows:
         g = load.generation_rows
         rows = {"generation_batch_size": g, "max_seq_len": L}
@@ -332,7 +340,7 @@ def _training_terms(load: TrainingLoad, shape: Shape, pb, ab, shard, world_size,
         rows = steps * world_size * B * (L + 1) * 16  # the packed rows' token and segment ids, int64
         terms = [Term("batch buffers", rows + steps * N * (4 * 8 + pb), {**seq, "gradient_accumulation_steps": load.accum})]
     else:
-        terms = [Term("batch buffers", B * (L + 1) * (4 * 8 + 2), seq)]
+        terms = [Term("batch buffers", B * (L + 1) * (4 * 8 + 2) + B * L * 8 * load.document_arrays, seq)]
     if load.frozen:
         return terms
     kept = layers * (BLOCK_DIM * dim + BLOCK_HIDDEN * hidden)
@@ -347,7 +355,8 @@ def _training_terms(load: TrainingLoad, shape: Shape, pb, ab, shard, world_size,
               Term("the fused head", N * dim * (3 * ab + pb) + (V * dim + chunk) * pb,
                    {**seq, **shape.factors("dim", "vocab_size")})]
     if packed_mask:
-        terms.append(Term("packed rows' attention mask", B * L * L * (ab + 1), seq))
+        what = "document attention mask" if load.document_arrays else "packed rows' attention mask"
+        terms.append(Term(what, B * L * L * (ab + 1), seq))
     return terms
 
 
@@ -360,9 +369,11 @@ def check_training(cfg, run, shape: Shape, packed=False):
     module docstring). `shape`: Shape.from_config, or a checkpoint's (resume, the T0 base)."""
     if shape is None:
         return
-    # the backend packed rows attend with: whether it builds the dense (B, 1, T, T) mask
-    impl = resolve(TrainingLoad.from_config(cfg).attention_impl, run.device_type, cfg.get("dropout", 0.0))
-    packed_mask = packed and ATTENTION.get(impl).dense_packed_mask
+    # the backend packed rows (and document-masked windows) attend with: whether it builds the
+    # dense (B, 1, T, T) mask
+    load = TrainingLoad.from_config(cfg)
+    impl = resolve(load.attention_impl, run.device_type, cfg.get("dropout", 0.0))
+    packed_mask = (packed or load.document_arrays > 0) and ATTENTION.get(impl).dense_packed_mask
     est = training_estimate(cfg, shape, run.dtype, run.dist.world_size, run.fsdp, packed, packed_mask)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if run.dist.enabled else 1
     check(est, run.device, processes=local)

@@ -1,7 +1,8 @@
 """Language modelling on pretokenized TinyStories datasets (train.py): which data layout and
 tokenizer a config means, and the evaluation the loop runs every eval_interval: mean losses on
-fixed batches of named datasets, and generations from the instruction headers of test examples
-(logged as tables, optionally judged for a feature).
+fixed batches of named datasets (masked as training is, with document_mask), and generations
+from the instruction headers of test examples (logged as tables, optionally judged for a
+feature).
 
 The generation evaluation's keys (GENERATION_KEYS, train.py's "generation evaluation" section) are
 declared here, read once into GenerationOptions; the loss sets come from the data keys.
@@ -17,6 +18,7 @@ from tinylab.core.compat import declare_difference
 from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.progress import progress
+from tinylab.data.documents import DocumentOptions
 from tinylab.data.pretokenized import BatchLoader, check_dataset
 from tinylab.data.records import FEATURES, dataset_dir
 from tinylab.data.template import extract_story, header_end
@@ -124,6 +126,7 @@ class LMEvaluator:
         """`cfg`: the data keys (datasets, layout, batch sizes, eval_iters, seed); `generation`: the
         generation evaluation's options."""
         self.cfg, self.run, self.tokenizer, self.generation = cfg, run, tokenizer, generation
+        self.documents = DocumentOptions.from_config(cfg)  # the loss evaluations mask as training does
         self.logger = None
         vocab, _ = dataset_vocab(cfg)
         main_dir = dataset_dir(cfg["data_cache_dir"], vocab, cfg["dataset_name"])
@@ -169,7 +172,7 @@ class LMEvaluator:
             losses = torch.zeros(self.cfg["eval_iters"])
             for k in range(self.cfg["eval_iters"]):
                 x, y = next(batches)
-                model(x, y, return_logits=False)
+                model(x, y, return_logits=False, **self.documents.inputs(x, self.tokenizer.bos_id))
                 losses[k] = model.last_loss.float()
             metrics[f"loss/{name}"] = losses.mean().item()
         return metrics
@@ -233,7 +236,7 @@ def generate_rows(model, tokenizer, ckpt, data_cache_dir, dataset, num_samples, 
     # the data keys the evaluator reads (train.py's defaults where the model does not say)
     cfg = dict(data_cache_dir=data_cache_dir, vocab_source="llama2" if vocab == 0 else "custom", vocab_size=vocab,
                dataset_name=dataset, eval_dataset_names=[], max_seq_len=model.params.max_seq_len, seed=seed,
-               split_shards_pretrain=False, pretraining=True)
+               split_shards_pretrain=False, pretraining=True, document_mask=False, document_positions=False)
     generation = GenerationOptions(temperature, top_k, max_new_tokens, math.ceil(num_samples / batch_size), batch_size)
     run = SimpleNamespace(device=str(next(model.parameters()).device), master=True)
     rows = LMEvaluator(cfg, run, tokenizer, generation).generate(model, dataset_dir(data_cache_dir, vocab, dataset), 0)

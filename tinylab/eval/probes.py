@@ -89,6 +89,8 @@ def check_heads(cfg):
         raise UserError(f"{kind}=True trains heads on a frozen model: it cannot grow (grow_schedule)")
     if kind == "probes" and (cfg["warmup_bsz"] or cfg["warmup_seq"]):
         raise UserError("probes=True reads whole stories: batch-size / sequence-length warmups do not apply")
+    if kind and cfg["document_mask"]:
+        raise UserError(f"{kind}=True trains heads on the frozen model's windows as they are: document_mask does not apply")
     if kind == "probes" and cfg["feature_eval"]:
         raise UserError("feature_eval judges generations, which a probes=True run does not make")
 

@@ -8,19 +8,10 @@ position ids and target-only loss weights; T0Batches, the Trainer's batch source
 import torch
 
 from tinylab.core.errors import UserError
+from tinylab.nn.attention.masks import segment_positions as position_ids  # each example restarts at 0
 from tinylab.t0.packing import PackedStream, rows_to_arrays
 
 NORMALIZATIONS = ("token", "example", "token_microbatch")
-
-
-def position_ids(seg):
-    """pos[t] = t - first index of t's segment (0 on padding): each packed example starts at 0."""
-    T = seg.shape[-1]
-    t = torch.arange(T, device=seg.device).expand_as(seg)
-    starts = torch.ones_like(seg, dtype=torch.bool)
-    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    start_idx = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
-    return (t - start_idx) * (seg != 0)
 
 
 def shift(token_ids, seg, is_input):

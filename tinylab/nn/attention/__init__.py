@@ -19,4 +19,9 @@ from tinylab.nn.attention.base import (  # noqa: F401
     resolve,
 )
 from tinylab.nn.attention.flex import document_block_mask, flex_attention  # noqa: F401
-from tinylab.nn.attention.masks import additive_mask, document_mask  # noqa: F401
+from tinylab.nn.attention.masks import (  # noqa: F401
+    additive_mask,
+    bos_segments,
+    document_mask,
+    segment_positions,
+)

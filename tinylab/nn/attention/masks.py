@@ -1,5 +1,6 @@
 """Attention masks the backends share: the packed rows' rule (which query may attend to which
-key), its dense form and the additive form of a bool mask."""
+key), its dense form and the additive form of a bool mask; and the segment ids and positions of
+rows holding several examples (T0's packed rows, pretraining windows with document_mask)."""
 import torch
 
 
@@ -26,3 +27,24 @@ def document_mask(segment_ids, prefix_mask=None):
     seg, t = segment_ids, torch.arange(segment_ids.shape[-1], device=segment_ids.device)
     inp = () if prefix_mask is None else (prefix_mask[:, :, None], prefix_mask[:, None, :])
     return document_rule(seg[:, :, None], seg[:, None, :], t[:, None], t[None, :], *inp)
+
+
+def segment_positions(segment_ids):
+    """pos[t] = t - first index of t's segment (0 on padding, segment 0): each example of a row
+    starts at position 0. Tensor ops only (no host sync)."""
+    seg = segment_ids
+    T = seg.shape[-1]
+    t = torch.arange(T, device=seg.device).expand_as(seg)
+    starts = torch.ones_like(seg, dtype=torch.bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    start_idx = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
+    return (t - start_idx) * (seg != 0)
+
+
+def bos_segments(tokens, bos_id):
+    """Segment ids (B, T) of windows cut from concatenated documents, each starting with BOS:
+    1 + the number of BOS tokens at or before each position, so a BOS opens a new segment and the
+    tokens before a window's first BOS (the end of a story that began earlier) form segment 1.
+    Never 0, which document_rule reserves for padding. A cumulative sum on the tokens' device:
+    no Python loop over tokens, no host sync."""
+    return (tokens == bos_id).long().cumsum(dim=1) + 1
