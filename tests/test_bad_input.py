@@ -626,6 +626,7 @@ CASES = [
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="--device=cuda is bad input only where there is no CUDA")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[NO_CUDA] if "cuda" in c.id else []) for c in CASES])
 def test_bad_input(case, world, tmp_path):
     ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
@@ -804,6 +805,7 @@ def test_failed_resume_leaves_the_run_as_it_was(world, tmp_path):
     assert_nothing_lost(before, snapshot(tmp_path), nothing_new=True)
 
 
+@pytest.mark.slow
 def test_failed_finetune_resume_leaves_the_run_as_it_was(world, tmp_path):
     ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
     ft = P(ctx.t, "ft")
@@ -815,6 +817,7 @@ def test_failed_finetune_resume_leaves_the_run_as_it_was(world, tmp_path):
     assert os.path.isfile(P(ft, "data_report.json"))
 
 
+@pytest.mark.slow
 def test_import_never_replaces_a_training_checkpoint_cli(world, tmp_path):
     ctx = SimpleNamespace(t=str(tmp_path), w=world, c=world.corpus)
     run_folder(ctx)
@@ -827,6 +830,7 @@ def test_import_never_replaces_a_training_checkpoint_cli(world, tmp_path):
 
 # ---------------------------------------------------------------------- two processes, one out_dir
 
+@pytest.mark.slow
 def test_second_process_on_a_locked_out_dir_exits_at_once(world, tmp_path):
     """The lock is held (here by this test process): a second train.py exits at once with one line
     naming the holder's pid; grow.py into the same folder too; nothing of the run changes."""
@@ -859,6 +863,7 @@ def wait_for(predicate, proc, timeout=60):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_setup(world, tmp_path):
     """SIGINT while train.py is still setting up: out_dir created and locked, the base checkpoint
     being read (a FIFO nobody writes: a checkpoint on a slow file system). One line, exit 130, and
@@ -891,6 +896,7 @@ def test_ctrl_c_before_main_starts():
     assert_error(proc, 130, "error: interrupted")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_pretokenize_with_workers(world, tmp_path):
     """SIGINT to the process group of a pretokenize --workers=2 that takes a couple of seconds:
     one line, exit 130, no temp folder or file left, the raw shards untouched, no dataset."""
@@ -920,6 +926,7 @@ def test_ctrl_c_during_pretokenize_with_workers(world, tmp_path):
 
 # ---------------------------------------------------------------------- input data at the edge
 
+@pytest.mark.slow
 def test_metrics_with_a_non_utf8_line(world, tmp_path):
     """plot.py and a train.py resume skip a metrics.jsonl line that is not UTF-8 with one notice
     line, and go on."""
@@ -1364,6 +1371,7 @@ def groups_by_name(ckpt):
 
 # ---------------------------------------------------------------------- works now
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start, new", [("decay", 0.0), ("no_decay", 0.1)])
 def test_resume_train_with_another_weight_decay(runs, tiny_corpus, tmp_path, start, new):
     out = copy_run(runs, start, tmp_path)
@@ -1383,6 +1391,7 @@ def test_resume_train_with_another_weight_decay(runs, tiny_corpus, tmp_path, sta
     assert all(float(st["step"]) == 4 for st in state_by_name(ckpt).values())
 
 
+@pytest.mark.slow
 def test_resume_train_with_other_betas_and_eps(runs, tiny_corpus, tmp_path):
     out = copy_run(runs, "decay", tmp_path)
     proc = resume(tiny_corpus, out, beta1=0.8, beta2=0.99, adam_eps=1e-6)
@@ -1524,6 +1533,7 @@ def old_layout(ckpt):
     return {**ckpt, "optimizer": optimizer, "param_names": names}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("new", [0.0, 0.1])
 def test_a_checkpoint_in_the_old_layout_still_resumes(runs, tiny_corpus, tmp_path, new):
     """Built from a weight_decay=0 run: the old layout is one group in model order, the new one
@@ -1916,6 +1926,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_sweep(tmp_path):
     """SIGINT to sweep.py alone (its runs have sessions of their own): the running run gets one
     SIGINT and ends, no further run starts, the finished runs stay recorded, and the sweep ends
@@ -2151,6 +2162,7 @@ def _argv(script, ctx, **over):
     return TS(ctx, max_new_tokens=4, **over) if script == "train.py" else T0(ctx, **over)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["train.py", "finetune_t0.py"])
 def test_allocation_failure_at_the_first_step_leaves_no_folder(script, world, tmp_path, monkeypatch):
     """The first training step cannot allocate (after the evaluation at iteration 0 was logged): one
@@ -2353,6 +2365,7 @@ def measured_peak(batch_size):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_estimate_is_below_a_measured_peak():
     """Fresh processes train two steps of a small model at 8 and 32 sequences of 256 tokens (fp32,
     AdamW; peak RSS, VmHWM, over the RSS before the model was built, after a tiny first step loaded

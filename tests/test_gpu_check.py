@@ -59,6 +59,7 @@ def test_dry_mode_runs_every_section(tmp_path):
     assert re.search(r"fp32 [\d.]+, bf16 [\d.]+ .*tolerance 2%", by["bf16 vs fp32"][2])
 
 
+@pytest.mark.slow
 def test_a_failing_row_fails_the_script_and_every_row_runs(tmp_path, monkeypatch, capsys):
     gc = load_gpu_check()
     ran = []

@@ -54,6 +54,7 @@ def tiny_overrides(corpus, out_dir):
                 generation_batch_size=2, max_new_tokens=4, device="cpu", dtype="float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ORIGINAL)
 def test_original_config_runs(corpus, tmp_path, name):
     cfg = parsed(name)
@@ -83,6 +84,7 @@ def test_original_config_runs(corpus, tmp_path, name):
             {"generations/id", *[f"generations/{k}" for k in cfg["eval_dataset_names"]]}
 
 
+@pytest.mark.slow
 def test_probe_config_with_lenses(corpus, tmp_path):
     out = str(tmp_path / "run")
     over = dict(tiny_overrides(corpus, out), probes=False, lenses=True, init_lens_with_unembed=True)

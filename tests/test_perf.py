@@ -46,6 +46,7 @@ def reuse_faults(mode):
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_retain_freed_memory_reuses_big_blocks():
     """With glibc's defaults a freed 64 MB tensor goes back to the kernel (over the 32 MB mmap
     threshold), so the next big tensor faults in every page again; after retain_freed_memory the
@@ -128,6 +129,7 @@ def test_iteration_lines_of_both_programs(lab_corpus, tmp_path):
     assert bench.ITER_LINE.findall("step 0: train loss 1\n" + line + "\n") == [("7", "123.46")]
 
 
+@pytest.mark.slow
 def test_generation_bench_times_whole_runs_in_abba_order():
     """bench/generation.py runs each setting as a process of its own (a tiny model here): both
     settings alternate ABBA, the run with generations reports its generated tokens and the one
@@ -146,6 +148,7 @@ def test_generation_bench_times_whole_runs_in_abba_order():
     assert "train.py overrides --max_iters=2" in out
 
 
+@pytest.mark.slow
 def test_generation_bench_reports_a_failed_run():
     out = run_cli(["bench/generation.py", "--repeats=1", "--max_iters=2", "--dim=30", "--n_heads=4"])
     assert out.returncode != 0

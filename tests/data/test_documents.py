@@ -40,6 +40,7 @@ def _alone(model, story):
     return model(torch.tensor([story]), all_logits=True)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", [False, True])
 @pytest.mark.parametrize("impl", ["sdpa", "dense", "flex"])  # flex: CUDA's block mask, run eagerly here
 @pytest.mark.filterwarnings("ignore::UserWarning")  # flex's "eager, no backward" notice on the CPU

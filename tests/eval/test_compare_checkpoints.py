@@ -94,6 +94,7 @@ def ckpts(tiny_corpus, tmp_path):
     return tmp_path, (a, b, c)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(ckpts, tiny_corpus):
     root, (a, b, c) = ckpts
     out, png = root / "cmp.json", root / "cmp.png"

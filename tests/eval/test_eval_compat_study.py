@@ -89,6 +89,7 @@ def our_prompts(ev, tok, name):
     return {tok.decode(p).split("\nStory:")[0] for p in prompts}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pretrain_split", [False, True])
 def test_generation_prompts_come_from_the_originals_split(lab_corpus, pretrain_split):
     # ask for at least as many prompts as there are windows: the loader's first epoch visits each once

@@ -48,6 +48,7 @@ def raw_records(corpus, shard):
         return json.load(f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", FEATURES)
 def test_classifier_accuracy_on_synthesized_corpus(corpus, feature):
     judge = ClassifierJudge.for_data(feature, corpus.cache_dir)
@@ -248,6 +249,7 @@ def test_parse_answer():
     assert parse_answer("I do not know") == (0, False)
 
 
+@pytest.mark.slow
 def test_cli_llm_judge_and_unanswering_url(stub, corpus, ckpt, tmp_path):
     base = [f"--checkpoint={ckpt}", "--prompts_from=filter-adv-Twist", "--num_samples=3", "--batch_size=3",
             "--max_new_tokens=8", "--device=cpu"]
@@ -314,6 +316,7 @@ def test_bad_input(corpus, ckpt, tmp_path):
         ClassifierJudge.for_data("Twist", str(tmp_path / "empty_cache"))
 
 
+@pytest.mark.slow
 def test_in_training_feature_score(corpus, tmp_path):
     out = str(tmp_path / "run")
     args = dict(data_cache_dir=corpus.cache_dir, vocab_size=8192, dataset_name="pretrain-all", out_dir=out, dim=32,

@@ -65,6 +65,7 @@ def brute_force(model, ids, window, stride, bos_id):
     return total, count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stride,bos", [(W, True), (W, False), (8, True), (8, False), (13, True), (1, True)])
 def test_sliding_window_equals_brute_force(model, stream, stride, bos):
     bos_id = 1 if bos else None
@@ -446,6 +447,7 @@ def test_original_train_runs_our_loop_and_logs_validation(tmp_path):
     assert m["loss"] == pytest.approx(evals[-1]["val_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_original_train_recover_continues_exactly(tmp_path):
     """8 steps in one go = 4 steps, then --recover to 8 (dropout 0.1 and a shuffled data order:
     the RNG, the data position and the optimizer come back exactly); --recover-from copies a run

@@ -186,6 +186,7 @@ def probe_names(keys, n_probes, n_classes=6):
     return names
 
 
+@pytest.mark.slow
 def test_probe_run(corpus, tmp_path):
     cache, base = corpus
     out = str(tmp_path / "probe")
@@ -220,6 +221,7 @@ def test_probe_run(corpus, tmp_path):
     assert "probes" not in torch.load(os.path.join(again, "ckpt.pt"), weights_only=True)
 
 
+@pytest.mark.slow
 def test_probe_run_resumes_bit_identically(corpus, tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     common = dict(max_iters=6, checkpoint_interval=3, eval_interval=3, eval_iters=1)
@@ -233,6 +235,7 @@ def test_probe_run_resumes_bit_identically(corpus, tmp_path):
     assert all(torch.equal(a["probes"][k], b["probes"][k]) for k in a["probes"])
 
 
+@pytest.mark.slow
 def test_lens_run(corpus, tmp_path):
     out, ref = str(tmp_path / "lens"), str(tmp_path / "ref")
     run_main("train.py", args(corpus, out, probes=False, lenses=True, init_lens_with_unembed=True, batch_size=2,
@@ -290,6 +293,7 @@ def test_refused_before_anything_is_written(corpus, tmp_path, over, fragment):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_resume_keeps_its_kind_of_heads(corpus, tmp_path):
     cache, _ = corpus
     one_layer = str(tmp_path / "one")

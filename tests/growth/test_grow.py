@@ -368,6 +368,7 @@ def corpus_args(tiny_corpus, out_dir, **over):
     return [f"--{k}={v}" for k, v in cfg.items()]
 
 
+@pytest.mark.slow
 def test_in_run_growth_and_resume_after_it(tiny_corpus, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     sched = "6:weights,12:layers"
@@ -408,6 +409,7 @@ def test_in_run_growth_under_ddp_equals_one_process(tiny_corpus, tmp_path):
     assert [r["iter"] for r in records(two, "growth")] == [4, 8]  # logged once, by rank 0
 
 
+@pytest.mark.slow
 def test_in_run_exact_growth_tracks_the_small_run(tiny_corpus, tmp_path):
     small, wide = str(tmp_path / "small"), str(tmp_path / "wide")
     common = dict(max_iters=14, grad_clip=0.5, weight_decay=0.1)
@@ -419,6 +421,7 @@ def test_in_run_exact_growth_tracks_the_small_run(tiny_corpus, tmp_path):
     assert load_checkpoint(wide)["model_args"]["dim"] == 32
 
 
+@pytest.mark.slow
 def test_cli_grow_then_resume_in_train_py(tiny_corpus, tmp_path):
     small, wide, deep = (str(tmp_path / n) for n in ("small", "wide", "deep"))
     train.main(corpus_args(tiny_corpus, small, max_iters=8))

@@ -223,6 +223,7 @@ def test_target_loss_mode_finds_the_cheapest_plan(three_sizes):
 
 # ---------------------------------------------------------------------- the command
 
+@pytest.mark.slow
 def test_cli_plan_prints_a_table_and_writes_the_json(three_sizes, tmp_path):
     out = str(tmp_path / "plan.json")
     proc = run_main("grow.py", ["--plan", "--runs", *three_sizes, f"--budget={BUDGET}", f"--plan_out={out}"])
@@ -308,6 +309,7 @@ def bad_cases(tmp, good):
     ]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     good = write_run(tmp_path / "good", BASE)
     cases = bad_cases(tmp_path, good)

@@ -39,6 +39,7 @@ def test_the_law_is_kaplans():
     assert math.isinf(steps_to(1e8, 2.0))  # below E(1e8) = 2.83: never
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget,stages", [(1e20, 3), (1e18, 2)])
 def test_plan_at_a_budget_against_pr4s_formulas(budget, stages):
     plan = kaplan_plan(budget=budget, stages=stages)

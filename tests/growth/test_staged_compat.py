@@ -220,6 +220,7 @@ def test_compat_original_sets_the_staged_keys_of_each_program():
         grow_symmetry_breaking="blockdiag", grow_width_moments="original", grow_depth_id="original")
 
 
+@pytest.mark.slow
 def test_in_run_growth_with_the_original_operators(tiny_corpus, tmp_path):
     run = str(tmp_path / "run")
     cfg = dict(data_cache_dir=tiny_corpus.cache_dir, vocab_size=tiny_corpus.vocab_size,

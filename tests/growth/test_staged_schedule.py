@@ -199,6 +199,7 @@ def test_batch_warmup_plan_by_hand():
         BatchWarmup(4, 8, 128, bsz_tokens=10, bsz_start=1).check(2)
 
 
+@pytest.mark.slow
 def test_warmups_grow_the_batch_and_resume_exactly(tiny_corpus, tmp_path):
     warm = dict(warmup_bsz=400, warmup_bsz_start=5, warmup_seq=1600, warmup_seq_start=8, lr_decay_iters=8)
     full = str(tmp_path / "full")
@@ -231,6 +232,7 @@ def test_bad_warmups(tiny_corpus, tmp_path):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_critical_batch_size_against_separate_gradients(tiny_corpus, tmp_path):
     """The first step's logged estimate from gradients the test computes itself: |g|^2 of the first
     micro-batch alone and of the mean over the step's four micro-batches."""
@@ -264,6 +266,7 @@ def test_critical_batch_size_against_separate_gradients(tiny_corpus, tmp_path):
     assert "critical_batch_size" not in records(none, "train")[0]  # one micro-batch: nothing to compare
 
 
+@pytest.mark.slow
 def test_resume_ckpt_continues_a_grown_file_in_a_new_folder(tiny_corpus, tmp_path):
     small = str(tmp_path / "small")
     run_main("train.py", tiny_args(tiny_corpus, small, max_iters=4, lr_schedule="linear"), check=True)
@@ -286,6 +289,7 @@ def test_resume_ckpt_continues_a_grown_file_in_a_new_folder(tiny_corpus, tmp_pat
     assert lrs[8] == pytest.approx(1e-3 * staged_training_lr_lambda(7, 0, 8, 2, 2))
 
 
+@pytest.mark.slow
 def test_auto_growth_follows_the_rule_and_resumes_exactly(tiny_corpus, tmp_path, monkeypatch):
     """grow_schedule=auto grows when growth_plan.should_grow fires on the evaluations so far (the
     paper's thresholds never fire on a 20-iteration toy, so the width threshold is lowered here),

@@ -75,6 +75,7 @@ def assert_same_as_sentencepiece(folder, model_path, texts):
     return tok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_path", [TOK8192, LLAMA2_TOKENIZER], ids=["tok8192", "llama2"])
 def test_autotokenizer_equals_sentencepiece_on_shipped_tokenizers(tmp_path, stories, model_path):
     folder = export_tokenizer_only(model_path, tmp_path / "tok")
@@ -104,6 +105,7 @@ def train_spm(tmp_path, name, stories, **options):
     return str(tmp_path / f"{name}.model")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, options", [
     ("nmt_nfkc", dict(normalization_rule_name="nmt_nfkc")),  # sentencepiece's default rule
     ("no_byte_fallback", dict(byte_fallback=False, character_coverage=0.98)),  # unknown characters -> <unk>

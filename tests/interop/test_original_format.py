@@ -85,6 +85,7 @@ def lm_args(cache, out, **over):
     return [f"--{k}={v}" for k, v in cfg.items()]
 
 
+@pytest.mark.slow
 def test_every_program_finds_the_shipped_tok8192(bare_cache, tmp_path):
     manifest = json.load(open(os.path.join(bare_cache, "tok8192", "d", "manifest.json")))
     assert manifest["tokenizer"]["sha256"] == tok_lib.file_sha256(TOK8192)
@@ -156,6 +157,7 @@ def original_checkpoint(path, heads, iter_num=1000, seed=0):
     return ckpt, {n: opt.state[params[n]] for n in trained}
 
 
+@pytest.mark.slow
 def test_original_checkpoint_samples_evaluates_and_exports(tmp_path):
     path = str(tmp_path / "orig" / "ckpt.pt")
     ckpt, _ = original_checkpoint(path, heads=True)
@@ -175,6 +177,7 @@ def test_original_checkpoint_samples_evaluates_and_exports(tmp_path):
         assert torch.equal(w, ckpt["model"][name]), name
 
 
+@pytest.mark.slow
 def test_original_probe_checkpoint_fine_tunes_and_keeps_its_heads(lab_corpus, tmp_path):
     run = str(tmp_path / "run")
     ckpt, _ = original_checkpoint(os.path.join(run, "ckpt.pt"), heads=True)

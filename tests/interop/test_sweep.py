@@ -75,6 +75,7 @@ VALUES = {"learning_rate": 3e-4, "batch_size": 16, "wandb_log": True, "use_x": F
           "out_dir": "out/a b", "min_lr": 1.0e-5, "eval_dataset_names": ["x", "y"], "tokenizer_model": None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     sweep.DEFAULT_COMMAND,
     ["${env}", "${interpreter}", "${program}", "configs/base91M_tw_delete_no_lrs.py", "${args}"],
@@ -90,6 +91,7 @@ def test_commands_equal_the_wandb_agent(command, monkeypatch, tmp_path):
     assert ours == theirs
 
 
+@pytest.mark.slow
 def test_args_json_file_macro_matches_the_agent(monkeypatch, tmp_path):
     command = ["${env}", "${interpreter}", "${program}", "${args_json_file}"]
     theirs, their_file = wandb_agent_argv(command, "train.py", VALUES, monkeypatch, tmp_path)

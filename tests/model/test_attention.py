@@ -92,6 +92,7 @@ def assert_same(name, got, want):
         assert torch.allclose(g, w, rtol=0, atol=1e-11), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNNABLE)
 @pytest.mark.parametrize("prefixlm", [False, True])
 def test_each_backend_equals_dense_on_packed_rows(name, prefixlm):
@@ -129,6 +130,7 @@ def test_each_backend_equals_dense_on_plain_rows(name):
     assert_same(name, outputs_and_grads(name, q, k, v, seen, False), outputs_and_grads("dense", q, k, v, seen, False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNNABLE)
 @pytest.mark.parametrize("prefixlm", [False, True])
 def test_the_model_under_each_backend_equals_dense(name, prefixlm):

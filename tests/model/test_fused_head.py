@@ -147,6 +147,7 @@ def graph_inspector(found):
     return aot_autograd(fw_compiler=inspect, bw_compiler=inspect)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
 def test_compile_fullgraph(autocast):
     """torch.compile(fullgraph=True) traces the model with the fused head as one custom operator:

@@ -17,6 +17,7 @@ AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 NEW = {"long": 50, "short": 20}  # past max_seq_len (40, window refills) / inside it
 PROMPTS = {"long": (12, 7, 30), "short": (12, 7)}
+pytestmark = pytest.mark.slow  # two child processes generate in three dtypes (the module fixture)
 
 # the child: loads the weights and prompts the test saved, generates greedy and sampled tokens in
 # every dtype, prints them as JSON
@@ -70,6 +71,7 @@ def generated(rows, prompts):
     return [row[width:] for row in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_avx2_generation_equals_the_unlimited_one(runs, dtype):
     _, _, avx2, plain = runs
@@ -77,6 +79,7 @@ def test_avx2_generation_equals_the_unlimited_one(runs, dtype):
         assert avx2[f"{dtype}/{case}"] == plain[f"{dtype}/{case}"], case
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_avx2_generation_equals_the_reference(runs, dtype):
     """fp32 and fp64: the reference decode in the same dtype, token for token, greedy and sampled
@@ -91,6 +94,7 @@ def test_avx2_generation_equals_the_reference(runs, dtype):
         assert generated(tokens["sampled"], prompts[case]) == ref
 
 
+@pytest.mark.slow
 def test_avx2_bf16_greedy_tokens_are_the_references_argmax(runs):
     """bf16 rounds every product, so its greedy tokens may leave the fp64 reference's at a near
     tie: inside the window each token's reference logit (fp64 math over the bf16 weights, each

@@ -372,6 +372,7 @@ def llama2c_generate(m, prompt, new):
     return idx[0, len(prompt):]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,lengths", [(None, (12, 7, 30)), (2, (45, 12, 7)), (2, (10, 10))])
 @pytest.mark.parametrize("sampled", [False, True])
 def test_generation_matches_a_full_recompute_reference(kv, lengths, sampled):
@@ -412,6 +413,7 @@ def test_left_padded_prompts_generate_as_if_alone():
         m.generate(batch, 3, prompt_mask=mask.flip(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lengths", [(9, 5, 14), (10, 10, 10)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rows_end_at_the_stop_token_and_the_rest_is_unchanged(temperature, lengths):
@@ -436,6 +438,7 @@ def test_rows_end_at_the_stop_token_and_the_rest_is_unchanged(temperature, lengt
         assert out[i, T:T + end].tolist() == ref[i]
 
 
+@pytest.mark.slow
 def test_the_batch_stops_when_every_row_has_ended():
     """All rows end (a near-uniform model over 67 tokens finds the stop token soon): the loop
     stops at the next 16-step check, the output is cut after the last row's stop token, and the

@@ -157,6 +157,7 @@ def test_tr13_block_maps_to_our_keys(tr13, tmp_path, capsys):
     assert len(notice) == 1 and "--deepspeed," in notice[0] and "--tensorboard-dir" in notice[0]
 
 
+@pytest.mark.slow
 def test_tr13_block_runs(tr13, tmp_path):
     """The block as it stands (plus --device=cpu): two iterations, a validation, a checkpoint."""
     out = tmp_path / "out"

@@ -37,6 +37,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_preprocess_input(hf, tmp_path, name):  # noqa: F811
     make, fragments = CASES[name]

@@ -25,6 +25,7 @@ def setup(t0_setup):
     return t0_setup
 
 
+@pytest.mark.slow
 def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
     mixture, base = setup
     out = str(tmp_path / "ft")
@@ -51,6 +52,7 @@ def test_finetune_logs_groups_rank_accuracy_and_report(setup, tmp_path):
     assert os.path.isabs(ckpt["config"]["tokenizer_model"]) and ckpt["loader"]["stream"]["rows"] > 0
 
 
+@pytest.mark.slow
 def test_validation_rows_are_fixed_and_groups_separate(setup):
     mixture, base = setup
     cfg = FINETUNE_T0.parse(t0_args(mixture, base, "unused", max_seq_len=128))
@@ -68,6 +70,7 @@ def test_validation_rows_are_fixed_and_groups_separate(setup):
     assert len({a[f"loss/valid/{g}"] for g in ("hero", "mood", "addition")}) == 3  # each group on its own rows
 
 
+@pytest.mark.slow
 def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
     mixture, base = setup
     out = str(tmp_path / "var")
@@ -85,6 +88,7 @@ def test_variants_prefixlm_example_norm_adafactor_row_mixing(setup, tmp_path):
     assert ckpt["config"]["max_seq_len"] == 100 and ckpt["model_args"]["max_seq_len"] == 100
 
 
+@pytest.mark.slow
 def test_reset_progress_keeps_the_optimizer_and_restarts_the_schedule(setup, tmp_path):
     """reset_progress=True (Megatron's --reset-progress without --no-load-optim) on a finetuned
     checkpoint: the Trainer starts with exactly the checkpoint's optimizer state (a plain
@@ -147,6 +151,7 @@ def test_presets_fill_finetuning_keys_unless_set():
     assert cfg["loss_normalization"] == "token_microbatch"
 
 
+@pytest.mark.slow
 def test_make_demo_data(tmp_path):
     finetune_t0.main([f"--make_demo_data={tmp_path / 'demo'}"])
     mixture = json.load(open(tmp_path / "demo" / "mixture.json"))
@@ -202,6 +207,7 @@ def test_cli_errors_are_one_line(setup, tmp_path):
                           "hub source 'copa'", "offline")
 
 
+@pytest.mark.slow
 def test_pretrain_text_group_tracks_forgetting(setup, tiny_corpus, tmp_path):
     """pretrain_text: the ordinary LM loss on a pretokenized dataset's test shard, logged as
     loss/valid/pretrain_text beside the task groups and kept out of their mean; at iteration 0 it

@@ -65,6 +65,7 @@ def packed_rows(ex, row_len, n_rows, seed=1):
     return PackedStream([ex.lengths()], [1.0], row_len, seed=seed).next_rows(n_rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("prefixlm", [False, True])
@@ -123,6 +124,7 @@ def test_packed_fp32_within_1e5(impl):
     assert torch.allclose(logits[0, start:start + len(ex.ids[i]) - 1], want, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("prefixlm", [False, True])
 def test_padding_and_all_padding_rows_stay_finite(prefixlm, impl):

@@ -83,6 +83,7 @@ def alone_loss(model, prefix, lo, hi):
     return total / count, n
 
 
+@pytest.mark.slow
 def test_megatron_style_run_end_to_end(meg, tmp_path):
     P, base, _ = meg
     out = str(tmp_path / "run")

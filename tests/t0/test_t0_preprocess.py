@@ -72,6 +72,7 @@ def check_key_file(path, tok, texts, dtype, **flags):
     assert doc_idx.tolist() == list(range(len(want) + 1))
 
 
+@pytest.mark.slow
 def test_two_pass_recipe_builds_one_prefix(hf, tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(hf["small"])
@@ -100,6 +101,7 @@ def test_two_pass_recipe_builds_one_prefix(hf, tmp_path):
     assert again.returncode == 0 and {f: open(tmp_path / f, "rb").read() for f in os.listdir(tmp_path)} == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [(), ("--append-eod",), ("--append-bos",), ("--append-eod", "--append-bos"),
                                    ("--prepend-space",)])
 def test_eod_only_when_asked(hf, tmp_path, flags):
@@ -114,6 +116,7 @@ def test_eod_only_when_asked(hf, tmp_path, flags):
                    append_bos="--append-bos" in flags)
 
 
+@pytest.mark.slow
 def test_dtype_follows_the_vocabulary(hf, tmp_path):
     """best_fitting_dtype(len(tokenizer)): uint16 below 65,500 tokens, int32 (code 4) from there."""
     from transformers import AutoTokenizer

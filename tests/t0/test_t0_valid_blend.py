@@ -95,6 +95,7 @@ def megatron_evaluate(model, sources, weights, eval_iters, micro, num_microbatch
     return total / (eval_iters * num_microbatches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalization", ["token", "example"])
 def test_blended_group_loss_is_megatrons(normalization):
     rng = np.random.default_rng(0)
@@ -131,6 +132,7 @@ def test_eval_position():
     assert [eval_position(it, 6) for it in (0, 1, 6, 7, 12, 13, 18)] == [0, 0, 0, 1, 1, 2, 2]
 
 
+@pytest.mark.slow
 def test_compat_original_run(t0_setup, tmp_path):
     """finetune_t0.py --compat=original trains and evaluates with every t0 difference switched on."""
     from conftest import read_metrics, run_main, t0_args

@@ -102,6 +102,7 @@ def test_keeps_fewer_activations_and_the_same_state_dict():
         assert torch.equal(m.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.0), out)
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_with_checkpointing():
     """torch.compile traces the checkpointed blocks (and the fused head) without a graph break
     and gives the eager gradients."""
@@ -126,6 +127,7 @@ def corpus(lab_corpus):
     return lab_corpus.cache_dir
 
 
+@pytest.mark.slow
 def test_train_run_has_the_same_losses(corpus, tmp_path, monkeypatch):
     """train.py --activation_checkpointing=True (fp32, dropout 0.1): the per-iteration losses of
     the run without it, bit for bit, with every block checkpointed at every micro-step."""

@@ -110,6 +110,7 @@ def test_checkpoint_is_an_ordinary_one(runs, tiny_corpus, tmp_path):
     assert all(abs(after["ddp"][it] - after["fsdp"][it]) < 1e-5 for it in (8, 9)), after
 
 
+@pytest.mark.slow
 def test_one_process_fsdp_resumes_exactly_with_dropout(tiny_corpus, tmp_path):
     """Without torchrun fsdp is a 1-process group: its RNG, loader and sharded optimizer state
     come back exactly, and it gives the plain run's losses."""
@@ -125,6 +126,7 @@ def test_one_process_fsdp_resumes_exactly_with_dropout(tiny_corpus, tmp_path):
     assert all(abs(a[it] - b[it]) < 1e-5 for it in a), (a, b)
 
 
+@pytest.mark.slow
 def test_nan_guard_keeps_the_last_good_checkpoint(tiny_corpus, tmp_path):
     out = str(tmp_path / "nan")
     train(args(tiny_corpus, out, parallelism="fsdp", max_iters=2, checkpoint_interval=2), check=True)

@@ -130,6 +130,7 @@ def lrs(run):
     return {r["iter"]: r["lr"] for r in records(run, "train")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doubling, extra, grown_key, grown_value", [
     ("weights", [], "dim", 32),
     ("layers", ["--doubling_layers", "alternate_id"], "n_layers", 4),
@@ -165,6 +166,7 @@ def test_cheatsheet_commands(tiny_corpus, tmp_path, doubling, extra, grown_key, 
     assert load_checkpoint(str(grown))["model_args"][grown_key] == grown_value
 
 
+@pytest.mark.slow
 def test_doubling_command_run_again_trains_the_grown_checkpoint(tiny_corpus, tmp_path):
     """gpt_pretrain.py:1355-1361: when <ckpt>.doubled_weights exists, the doubling command trains it."""
     run_main("train.py", staged(tmp_path, "small", steps=4) + ours(tiny_corpus), check=True)
@@ -179,6 +181,7 @@ def test_doubling_command_run_again_trains_the_grown_checkpoint(tiny_corpus, tmp
     assert sorted(lrs(tmp_path / "wide")) == [4, 5, 6, 7]  # positions 4 .. 7
 
 
+@pytest.mark.slow
 def test_resume_in_place_with_restart_and_reset_optimizer(tiny_corpus, tmp_path):
     """A plain resume (no growth) restarted as the cheatsheet's resume commands set it, keeping the
     checkpoint's peak LR (no --reset_lr_scheduler), with fresh AdamW moments."""

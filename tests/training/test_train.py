@@ -46,6 +46,7 @@ def train(argv, **kw):
 
 
 
+@pytest.mark.slow
 def test_train_logs_metrics_and_generations(corpus, tmp_path):
     out = str(tmp_path / "run")
     # windows must be long enough to hold a whole instruction header for generation prompts
@@ -166,6 +167,7 @@ def test_sigint_stops_with_a_checkpoint(corpus, tmp_path):
     assert ckpt["iter_num"] >= 4 and max(train_losses(out)) == ckpt["iter_num"] - 1
 
 
+@pytest.mark.slow
 def test_resume_model_and_eval_only(corpus, tmp_path):
     base, ft = str(tmp_path / "base"), str(tmp_path / "ft")
     train(tiny_args(corpus, base, max_iters=6, max_new_tokens=0), check=True)
@@ -185,6 +187,7 @@ def test_resume_model_and_eval_only(corpus, tmp_path):
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05] and all(g["betas"][1] == 0.99 for g in groups)
 
 
+@pytest.mark.slow
 def test_always_save_checkpoint_false_saves_only_after_improvement(corpus, tmp_path):
     # learning rate 0: loss/test is the same at every evaluation, so only the first one improves
     out = str(tmp_path / "a")
@@ -229,6 +232,7 @@ def test_broken_wandb_never_stops_training(corpus, tmp_path, monkeypatch):
     assert sorted(train_losses(out2)) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_generation_eval_stops_rows_at_bos_and_logs_the_same_stories(tiny_corpus, monkeypatch):
     """The generation evaluation stops each row at BOS (the next example's start) and a batch
     when all its rows have: here every batch stops long before max_new_tokens, and the logged

@@ -38,6 +38,7 @@ def saved_iters(stdout, name="ckpt.pt"):
             if line.startswith("saved checkpoint") and line.split(" (iter")[0].endswith(name)]
 
 
+@pytest.mark.slow
 def test_export_bin_beside_every_checkpoint(corpus, tmp_path):
     out = str(tmp_path / "run")
     proc = train(args(corpus, out, keep_best_checkpoint=True), check=True)
@@ -82,6 +83,7 @@ def original_saves(evals, checkpoint_interval, max_iters, save_best_model=True):
     return saved
 
 
+@pytest.mark.slow
 def test_save_best_model_saves_only_new_bests_as_the_original(corpus, tmp_path):
     # a high learning rate: loss/test goes down and up again, so some checkpoints are not new bests
     out = str(tmp_path / "run")
@@ -123,6 +125,7 @@ class FakeWandb(types.SimpleNamespace):
         return types.SimpleNamespace(id=kw.get("id") or self.next_id)
 
 
+@pytest.mark.slow
 def test_resume_train_continues_the_wandb_run(corpus, tmp_path, monkeypatch):
     fake = FakeWandb("run-abc123")
     monkeypatch.setitem(sys.modules, "wandb", fake)
