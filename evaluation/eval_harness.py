@@ -62,7 +62,7 @@ def main(argv=None):
     if a.include_path and not os.path.isdir(a.include_path):
         raise UserError(f"--include_path={a.include_path}: no such folder")
     require_lm_eval()  # before the model is loaded: a missing harness is one line, at once
-    manager = task_manager(a.include_path)
+    manager = task_manager(a.include_path, a.tasks)
     names = check_tasks(manager, a.tasks)
     model, ckpt, tok = load_for_args(a)
     check_model_batch(model, a.batch_size, model.params.max_seq_len, "--batch_size")

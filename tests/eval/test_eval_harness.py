@@ -118,7 +118,7 @@ def bench(tmp_path_factory):
     run_main("export.py", [str(root / "hf"), "--version=-1", f"--checkpoint={ckpt}", f"--tokenizer={TOK8192}"],
              check=True)
     include = write_tasks(root)
-    manager = task_manager(include)
+    manager = task_manager(include, TASKS)  # the four local tasks: lm-eval's own are not indexed
     ours = evaluate(harness_lm(model, tok, batch_size=4), manager, TASKS, bootstrap_iters=0, log_samples=True)
     return dict(root=root, tok=tok, model=model, ckpt=ckpt, hf=str(root / "hf"), include=include,
                 manager=manager, ours=ours)

@@ -58,8 +58,9 @@ CASES = [  # (id, extra argv, fragments of the error line)
 ]
 
 
-# these reach the harness's task index (lm_eval.tasks.TaskManager reads every task YAML it ships: ~20 s)
-INDEXED = {"unknown_task", "unsupported_generation_kwarg", "max_gen_toks_fills_window"}
+# a name not under --include_path reaches the harness's full task index (lm_eval.tasks.TaskManager
+# reads every task YAML it ships: ~9 s); names that are all local index only that folder
+INDEXED = {"unknown_task"}
 
 
 @pytest.mark.parametrize("case,extra,fragments", [pytest.param(*c, marks=[pytest.mark.slow] if c[0] in INDEXED else [])
@@ -83,3 +84,21 @@ def test_missing_lm_eval_names_the_install_command(setup, monkeypatch):
     proc = run_main(TOOL, [f"--checkpoint={ckpt}", "--tasks=hellaswag", f"--out={root}/new.json"])
     assert_error(proc, 2, "lm-evaluation-harness is not installed", "pip install -r requirements-eval.txt")
     assert_nothing_lost(before, snapshot(root), nothing_new=True)
+
+
+def test_local_tasks_index_only_the_include_path(setup):
+    """Every name a task (or a group of tasks) under --include_path: only that folder is indexed.
+    A glob, a group with one of lm-eval's tasks, or an unknown name needs lm-eval's own index."""
+    from lm_eval.tasks import TaskManager
+
+    from tinylab.eval.harness import _resolves_within, task_manager
+    root, _ = setup
+    assert task_manager(str(root / "tasks"), ["nucleus", "too_long"]).all_tasks == ["nucleus", "too_long"]
+    groups = root / "groups"
+    groups.mkdir(exist_ok=True)
+    (groups / "ours.yaml").write_text("group: ours\ntask:\n  - nucleus\n  - task: too_long\n")
+    (groups / "mixed.yaml").write_text("group: mixed\ntask:\n  - nucleus\n  - hellaswag\n")
+    (groups / "nested.yaml").write_text("group: nested\ntask:\n  - group: ours\n")
+    index = TaskManager(include_path=[root / "tasks", groups], include_defaults=False).task_index
+    assert [_resolves_within(index, n) for n in ["nucleus", "ours", "nested", "mixed", "nucl*", "nucleuss"]] == [
+        True, True, True, False, False, False]

@@ -82,9 +82,11 @@ TR13 = """
 """
 
 
-def hf_tokenizer_folder(folder):
+def hf_tokenizer_folder(folder, extra_pieces=()):
     """A Hugging Face tokenizer folder from the shipped sentencepiece model (BPE over its pieces,
-    merges by piece score, sentencepiece's whitespace handling; no BOS), made here: nothing downloaded."""
+    merges by piece score, sentencepiece's whitespace handling; no BOS), made here: nothing downloaded.
+    `extra_pieces` are appended to the vocabulary with no merge that makes them: len(tokenizer)
+    grows, every text's ids stay the same."""
     from sentencepiece import sentencepiece_model_pb2 as pb
     from tokenizers import Tokenizer as HFTok
     from tokenizers import normalizers
@@ -99,6 +101,7 @@ def hf_tokenizer_folder(folder):
         merges += [(a, b) for _, _, a, b in sorted((vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:])
                                                     for k in range(1, len(piece))
                                                     if piece[:k] in vocab and piece[k:] in vocab)]
+    vocab.update((piece, len(m.pieces) + i) for i, piece in enumerate(extra_pieces))
     tok = HFTok(BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(folder)

@@ -24,13 +24,12 @@ KEPT = [RECORDS[i] for i in (0, 1, 3)]
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    """A local HF tokenizer folder (8192 tokens) and one with 57,400 added tokens (65,592: int32)."""
-    from transformers import AutoTokenizer
+    """A local HF tokenizer folder (8192 tokens) and one with 57,400 more pieces in its vocabulary
+    (65,592: int32); no merge makes them, so every text's ids are the small one's. (Pieces in the
+    vocabulary, not add_tokens: 57,400 added tokens take seconds to load, each time.)"""
     root = tmp_path_factory.mktemp("hf")
     small = hf_tokenizer_folder(str(root / "tok"))
-    big = AutoTokenizer.from_pretrained(small)
-    big.add_tokens([f"<x{i}>" for i in range(57_400)])
-    big.save_pretrained(str(root / "big"))
+    hf_tokenizer_folder(str(root / "big"), [f"<x{i}>" for i in range(57_400)])
     data = root / "records.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     return {"small": small, "big": str(root / "big"), "data": str(data)}

@@ -189,11 +189,50 @@ def harness_lm(model, tokenizer, batch_size=8, seed=1234):
     return cls(model, tokenizer, batch_size=batch_size, seed=seed)
 
 
-def task_manager(include_path: str = ""):
-    """The harness's tasks plus the YAML tasks under `include_path`."""
+_FULL_MANAGERS = {}  # (include_path, its YAML files' stamps) -> TaskManager over lm-eval's tasks too
+
+
+def task_manager(include_path: str = "", names=()):
+    """The harness's tasks plus the YAML tasks under `include_path`. Reading the index of every
+    task lm-eval ships takes seconds, so: when each of `names` is a task (or a group of tasks)
+    found under `include_path`, only that folder is indexed (the full index would give the same
+    tasks: a name in `include_path` replaces lm-eval's of that name); otherwise the full index is
+    built once per process and folder contents, and reused."""
     require_lm_eval()
     from lm_eval.tasks import TaskManager
-    return TaskManager(include_path=include_path or None)
+    if include_path and names:
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if all(_resolves_within(local.task_index, name) for name in names):
+            return local
+    key = (include_path or "", _yaml_stamps(include_path))
+    if key not in _FULL_MANAGERS:
+        _FULL_MANAGERS[key] = TaskManager(include_path=include_path or None)
+    return _FULL_MANAGERS[key]
+
+
+def _resolves_within(index, name, seen=()) -> bool:
+    """`name` (not a glob: one could also match lm-eval's tasks) and everything it builds from are
+    entries of `index`, so an index that also holds lm-eval's tasks builds the same thing."""
+    from lm_eval.tasks._index import Kind
+    entry = index.get(name) if isinstance(name, str) and not any(c in name for c in "*?[") else None
+    if entry is None or name in seen:
+        return entry is not None
+    if entry.kind == Kind.TAG:
+        return all(child in index for child in entry.tags)
+    if entry.kind != Kind.GROUP:
+        return True
+    members = (entry.cfg or {}).get("task")
+    members = members if isinstance(members, list) else [members]
+    return all(_resolves_within(index, m.get("group", m.get("task")) if isinstance(m, dict) else m, (*seen, name))
+               for m in members)
+
+
+def _yaml_stamps(folder):
+    """(path, size, mtime) of each task YAML under `folder`: a changed folder is indexed again."""
+    if not folder:
+        return ()
+    from pathlib import Path
+    return tuple(sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).glob("**/*.yaml")))
 
 
 def check_tasks(manager, names):
