@@ -32,27 +32,30 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-import model as model_lib  # noqa: E402
-import train  # noqa: E402
+# the parent only builds the corpus and times processes: torch, the model and train.py are
+# imported by the runs (--child), not by it (a second or two of start-up less per bench)
 from bench.measure import run_timed  # noqa: E402
-from tinylab.core.errors import cli_main  # noqa: E402
 from tinylab.data.dataset_spec import parse_spec  # noqa: E402
 from tinylab.data.pretokenize import pretokenize  # noqa: E402
 from tinylab.data.synthesize import synthesize  # noqa: E402
-from tinylab.eval.lm_eval import LMEvaluator  # noqa: E402
-from tinylab.nn.sampling import KVCache  # noqa: E402
 
 
-@torch.no_grad()
 def old_generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prompt_mask=None,
                  generator=None, stop_token=None):
     """Transformer.generate as it was before the rewrite (stop_token is ignored: rows never
     stopped), verbatim otherwise."""
+    import torch
+    with torch.no_grad():
+        return _old_generate(self, idx, max_new_tokens, temperature, top_k, prompt_mask, generator)
+
+
+def _old_generate(self, idx, max_new_tokens, temperature, top_k, prompt_mask, generator):
+    import torch
+    import torch.nn.functional as F
+
+    from tinylab.nn.sampling import KVCache
     B, T = idx.shape
     L = self.params.max_seq_len
     total = T + max_new_tokens
@@ -96,12 +99,21 @@ def built_in_corpus(root):
     pretokenize(root, 8192, parse_spec(), dataset_name="pretrain-all", seed=0, workers=1)
 
 
+def torch_default_threads():
+    import torch
+    return f"(unset: torch default {torch.get_num_threads()})"
+
+
 RESULT_LINE = re.compile(r"^bench-generation: (\S+) s, (\d+) tokens$", re.M)
 
 
 def child(argv, old):
     """One run in this process: train.main(argv), then the seconds spent in LMEvaluator.generate
     and the tokens generated, as RESULT_LINE."""
+    import model as model_lib
+    import train
+    from tinylab.core.errors import cli_main
+    from tinylab.eval.lm_eval import LMEvaluator
     spent, tokens = [0.0], [0]
     real_generate, real_eval_generate = model_lib.Transformer.generate, LMEvaluator.generate
 
@@ -164,7 +176,7 @@ def main():
                 runs[name].append((wall, gen, tokens))
                 print(f"{r:>3} {name:20s} {wall:7.1f} {cpu:7.1f} {gen:12.1f} {tokens:6d} {load:5.1f}", flush=True)
     print(f"8M shape, batch 8, 30 iterations, 2 evaluations x 16 prompts x up to 350 tokens, "
-          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '(unset: torch default ' + str(torch.get_num_threads()) + ')')}"
+          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS') or torch_default_threads()}"
           + (f"; train.py overrides {' '.join(overrides)}" if overrides else "") + "; whole-process wall time, every pair:")
     base = runs["max_new_tokens=0"]
     for name, results in runs.items():

@@ -24,8 +24,10 @@ def experiment(argv, **kw):
 @pytest.mark.slow
 def test_shortened_experiment_outputs(tmp_path):
     out = tmp_path / "dr"
-    # the default: two lanes of one-thread subprocesses
-    proc = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=2"], check=True)
+    # every step in this process (--jobs=1); the rerun below runs its one step in a subprocess
+    # lane (--jobs=2, the default), so both ways of running a step are exercised, with one
+    # subprocess instead of thirteen
+    proc = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=1"], check=True)
     png = out / "deletion_recovery.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     md = (out / "results.md").read_text()
@@ -55,11 +57,14 @@ def test_shortened_experiment_outputs(tmp_path):
     assert cfg["init_from"] == "resume_model" and cfg["model_dir"].endswith(os.path.join("runs", "delete"))
     assert cfg["lr_scheduling"] is False and cfg["dataset_name"] == "recovery-Twist"
     # a rerun in the same folder reuses every finished step; the one step whose record is gone
-    # runs again, here in-process (--jobs=1)
+    # runs again, here in a subprocess of the two parallel lanes (--jobs=2: its log is the
+    # subprocess's output, its record the child's CPU time)
     os.remove(out / "logs" / "features_recover_control.done")
-    again = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=1"], check=True)
+    again = experiment([f"--out_dir={out}"] + QUICK + ["--jobs=2"], check=True)
     assert again.stdout.count("reuse ") == 12 and again.stdout.count("start ") == 1
     assert "start features_recover_control" in again.stdout
+    done = json.loads((out / "logs" / "features_recover_control.done").read_text())
+    assert done["cpu_s"] > 0 and "Twist present in" in (out / "logs" / "features_recover_control.log").read_text()
     rerun = json.loads((out / "results.json").read_text())
     assert rerun["curves"] == results["curves"] and rerun["final"]["delete"] == results["final"]["delete"]
     assert rerun["final"]["recover_control"]["n"] == 3

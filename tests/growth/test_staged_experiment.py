@@ -6,19 +6,16 @@ import glob
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import run_main
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = os.path.join(REPO, "experiments", "staged_training.py")
-
 
 def run(*argv, check=True):
-    return subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True, timeout=600, check=check)
+    """experiments/staged_training.py's command line, in this process (conftest.run_main)."""
+    return run_main("experiments/staged_training.py", list(argv), check=check)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +24,7 @@ def experiment(tmp_path_factory):
     data = str(root / "data")
     for stage in (["synthesize", "--num_shards=3", "--stories_per_shard=300", "--seed=0"],
                   ["train_vocab", "--vocab_size=512"], ["pretokenize", "--vocab_size=512", "--dataset_name=pretrain-all"]):
-        subprocess.run([sys.executable, os.path.join(REPO, "tinystories.py"), *stage, f"--data_cache_dir={data}"],
-                       check=True, capture_output=True)
+        run_main("tinystories.py", [*stage, f"--data_cache_dir={data}"], check=True)
     argv = ["--threads=1", f"--data_cache_dir={data}", f"--out_dir={root / 'out'}", f"--plots={root / 'plot'}",
             "--max_iters=40", "--eval_interval=20", "--seeds=1", "--variants=width,depth,width-aligned"]
     proc = run(*argv)
