@@ -221,17 +221,8 @@ def test_bad_input_errors(corpus, tmp_path):
     assert_one_line_error(train(tiny_args(corpus, out, init_from="foo")), "--init_from='foo': must be one of")
 
 
-@pytest.mark.slow
-def test_wandb_offline_never_stops_training(corpus, tmp_path):
-    # the real wandb, offline, in a subprocess of its own (wandb keeps process-wide state)
-    out = str(tmp_path / "wb")
-    proc = run_cli(tiny_args(corpus, out, max_iters=3, warmup_iters=2, eval_interval=2, wandb_log=True, wandb_run_name="t",
-                             keep_best_checkpoint=True), env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = os.listdir(os.path.join(out, "wandb"))  # wandb files live in the run folder
-    assert any(d.startswith("offline-run") for d in runs), runs
-    assert os.path.exists(os.path.join(out, "ckpt_best.pt"))
-    assert sorted(train_losses(out)) == [0, 1, 2]
+# the real wandb offline (a subprocess): tests/training/test_train_outputs.py's
+# test_wandb_offline_never_stops_training, which shares its launch with the resume test there
 
 
 def test_broken_wandb_never_stops_training(corpus, tmp_path, monkeypatch):
