@@ -1,14 +1,15 @@
 """What train.py writes beside the loop, as the study's train.py did: model.bin (llama2.c v0)
 beside every checkpoint (export_bin), ckpt.pt only at a new best evaluation (save_best_model,
 checked against the original's checkpoint_training re-implemented here), ckpt_best.pt
-(keep_best_checkpoint), and resume_train continuing the same wandb run."""
+(keep_best_checkpoint), and resume_train continuing the same wandb run; the real wandb offline
+never stops training (one pair of launches shared by both wandb tests)."""
 import os
 import sys
 import types
 
 import pytest
 import torch
-from conftest import assert_one_line_error, records, run_cli, run_main
+from conftest import assert_one_line_error, records, run_cli, run_main, train_losses
 
 from tinylab.interop.llama2c import read_bin
 
@@ -143,15 +144,41 @@ def test_resume_train_continues_the_wandb_run(corpus, tmp_path, monkeypatch):
     assert "id" not in fake.inits[2]
 
 
+@pytest.fixture(scope="module")
+def offline_wandb_run(corpus, tmp_path_factory):
+    """The real wandb, offline, in subprocesses of their own (wandb keeps process-wide state): a
+    3-iteration run (keep_best_checkpoint on), then resume_train to 5. The launches are shared by
+    the two tests below; what the first run left is noted before the second starts."""
+    root = tmp_path_factory.mktemp("offline_wandb")
+    out = str(root / "run")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(root)}  # wandb's files must still land in the run folder
+    seen = {"out": out}
+    for max_iters, init in ((3, "scratch"), (5, "resume_train")):
+        proc = run_cli(["train.py", *args(corpus, out, max_iters=max_iters, wandb_log=True, wandb_run_name="t",
+                                          keep_best_checkpoint=True, export_bin=False, init_from=init)], env=env)
+        seen[init] = proc
+        if init == "scratch" and proc.returncode == 0:
+            seen["first_wandb_dirs"] = os.listdir(os.path.join(out, "wandb"))
+            seen["first_best"] = os.path.exists(os.path.join(out, "ckpt_best.pt"))
+            seen["first_iters"] = sorted(train_losses(out))
+    return seen
+
+
 @pytest.mark.slow
-def test_resume_train_continues_the_offline_wandb_run(corpus, tmp_path):
-    # the real wandb, offline, in subprocesses (wandb keeps process-wide state)
-    out = str(tmp_path / "run")
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
-    for max_iters, init in ((2, "scratch"), (4, "resume_train")):
-        proc = run_cli(["train.py", *args(corpus, out, max_iters=max_iters, wandb_log=True, export_bin=False,
-                                          init_from=init)], env=env)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+def test_wandb_offline_never_stops_training(offline_wandb_run):
+    proc = offline_wandb_run["scratch"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = offline_wandb_run["first_wandb_dirs"]  # wandb files live in the run folder
+    assert any(d.startswith("offline-run") for d in runs), runs
+    assert offline_wandb_run["first_best"]
+    assert offline_wandb_run["first_iters"] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_resume_train_continues_the_offline_wandb_run(offline_wandb_run):
+    out = offline_wandb_run["out"]
+    for init in ("scratch", "resume_train"):
+        assert offline_wandb_run[init].returncode == 0, offline_wandb_run[init].stderr[-2000:]
     run_id = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["wandb_run_id"]
     runs = sorted(d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run"))
     assert len(runs) == 2 and all(d.endswith("-" + run_id) for d in runs), (run_id, runs)
