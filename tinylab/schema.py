@@ -95,7 +95,7 @@ def train_family(cfg) -> str:
 def prepare_train(cfg, sources):
     defaults = TRAIN.defaults()
     cfg = staged_flags.translate(cfg, sources)  # staged-training's flags onto our keys, said once
-    return apply_compat(apply_optimizer_preset(cfg, defaults), defaults, train_family(cfg))
+    return apply_compat(apply_optimizer_preset(cfg, defaults), defaults, train_family(cfg), given=sources)
 
 
 TRAIN = Schema("train.py", [
@@ -130,7 +130,7 @@ def prepare_t0(cfg, sources=None):
     for key, value in PRESET_EXTRAS.get(cfg["adafactor_preset"], {}).items():
         if cfg[key] == defaults[key]:
             out[key] = value
-    return apply_compat(out, defaults, "t0")
+    return apply_compat(out, defaults, "t0", given=sources)
 
 
 FINETUNE_T0 = TRAIN.derive(
@@ -176,7 +176,7 @@ def prepare_grow(cfg, sources=None):
     if cfg["compat"] == "original" and cfg["mode"] == "exact":  # before the notice: one error line
         raise UserError("compat=original reproduces staged-training's operators, which have no exact mode: "
                         "use mode=target (the default)")
-    return apply_compat(cfg, GROW.defaults(), "staged")
+    return apply_compat(cfg, GROW.defaults(), "staged", given=sources)
 
 
 GROW = Schema("grow.py", GROW_SECTIONS + [PLAN_SECTION, ("the original codebase's behaviour (docs/originals.md)",

@@ -63,6 +63,10 @@ def test_original_sets_the_family_keys_the_user_left_alone(monkeypatch, capsys):
     out = apply_compat(dict(cfg, toy_repeat=False, toy_t0=5), dict(defaults, toy_repeat=True), "study")
     assert out["toy_repeat"] is False and out["toy_warmup"] == "original"
     assert "kept as set: toy_repeat=False" in capsys.readouterr().err
+    # a key the user set to its default value (named in `given`, the parser's sources) is kept too
+    out = apply_compat(cfg, defaults, "study", given={"toy_warmup": "--toy_warmup"})
+    assert out["toy_repeat"] is True and out["toy_warmup"] == "shifted"
+    assert "kept as set: toy_warmup='shifted'" in capsys.readouterr().err
 
 
 def test_a_difference_must_name_a_valid_non_default_original(monkeypatch):

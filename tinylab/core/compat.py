@@ -18,7 +18,7 @@ differences in one table (tests/core/test_compat.py checks it against this regis
 import sys
 from dataclasses import dataclass
 
-from tinylab.core.config import Key, given_keys
+from tinylab.core.config import Key
 from tinylab.core.errors import UserError
 from tinylab.core.registry import Registry
 
@@ -63,17 +63,17 @@ def differences_of(family: str, keys=None) -> list:
     return [d for d in DIFFERENCES if d.family == family and (keys is None or d.key in keys)]
 
 
-def apply_compat(cfg: dict, defaults: dict, family: str, quiet: bool = False) -> dict:
+def apply_compat(cfg: dict, defaults: dict, family: str, quiet: bool = False, given=None) -> dict:
     """A new config: with compat=original, each of `family`'s differences whose key this program
-    has and the user did not set takes its original value. Inside a schema's prepare step the user
-    set the keys of given_keys() (config files, --key=value: also a key set to its default value);
-    elsewhere a key whose value differs from its default counts as set."""
+    has and the user did not set takes its original value. `given`: the keys the user set (the
+    prepare step's `sources`: config files, --key=value, also a key set to its default value);
+    without it a key whose value differs from its default counts as set."""
     out = dict(cfg)
     if cfg.get("compat", "fixed") != "original":
         return out
     if family not in FAMILIES:
         raise UserError(f"compat=original: no original is known for this program (family {family!r})")
-    applied, kept, given = [], [], given_keys()
+    applied, kept = [], []
     for d in differences_of(family, cfg):
         user_set = d.key in given if given is not None else cfg[d.key] != defaults.get(d.key, cfg[d.key])
         if user_set:

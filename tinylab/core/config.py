@@ -24,7 +24,6 @@ config file.
 import argparse
 import ast
 import contextlib
-import contextvars
 import dataclasses
 import difflib
 import io
@@ -39,14 +38,6 @@ from tinylab.core.errors import UserError
 from tinylab.core.outputs import KINDS, declared_inputs, force_of, guard_outputs, guard_parsed, tagged_actions
 
 TYPES = (bool, int, float, str, list, dict)
-# the keys the user set (a config file, --key=value, a tool's flag different from its default),
-# known while a schema's prepare step runs: compat=original leaves those keys alone
-_GIVEN_KEYS = contextvars.ContextVar("given_keys", default=None)
-
-
-def given_keys():
-    """The keys the user set, inside a schema's prepare step; None elsewhere."""
-    return _GIVEN_KEYS.get()
 # the usual ranges of numeric keys
 COUNT, NONNEG, POSITIVE, FRACTION = "[1, inf)", "[0, inf)", "(0, inf)", "[0, 1)"
 _INTERVAL = re.compile(r"^([\[(])\s*(-?inf|-?[0-9.e+-]+)\s*,\s*(-?inf|-?[0-9.e+-]+)\s*([\])])$")
@@ -295,15 +286,12 @@ class Schema:
     def _prepared(self, cfg, sources):
         """prepare(cfg, sources)'s config and its notices (compat=original's), held back so that
         they are printed only for a config that then validates: a refused one is one error line.
-        `sources`: where each key the user set came from (given_keys() while prepare runs)."""
+        `sources`: where each key the user set came from."""
         if self.prepare is None:
             return cfg, ""
-        notices, token = io.StringIO(), _GIVEN_KEYS.set(frozenset(sources))
-        try:
-            with contextlib.redirect_stderr(notices):
-                cfg = self.prepare(cfg, sources)
-        finally:
-            _GIVEN_KEYS.reset(token)
+        notices = io.StringIO()
+        with contextlib.redirect_stderr(notices):
+            cfg = self.prepare(cfg, sources)
         return cfg, notices.getvalue()
 
     def _refuse(self, body):
