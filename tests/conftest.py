@@ -2,8 +2,9 @@
 
     paths           REPO, TOK8192, LLAMA2_TOKENIZER, WIKITEXT, PYTHON
     entry scripts   run_main (in this process: the default), run_cli (a real subprocess: only where
-                    the process is what is tested: exit by signal, torchrun/DDP, fresh imports, a
-                    shell script), kill_when_file_appears, assert_one_line_error
+                    the process is what is tested: exit by signal, torchrun, fresh imports, a
+                    shell script), run_ranks (the processes of one DDP/FSDP group, started as
+                    torchrun starts them), kill_when_file_appears, assert_one_line_error
     models          tiny_model, save_tiny_checkpoint
     data            fixtures tiny_corpus and lab_corpus (session-scoped, read-only), t0_setup
                     (make_t0_setup, t0_args)
@@ -48,6 +49,59 @@ def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
     if check and proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(args, nproc=2, timeout=600):
+    """Run `python <args>` as the `nproc` processes of one process group on this machine, with
+    the environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT: the env:// rendezvous init_process_group reads), and wait for all.
+
+    For tests of what the ranks compute: it spares torchrun's launcher, a third interpreter that
+    imports torch before the ranks start (3 s of CPU and 2 s of latency per run). The command
+    users type, torchrun itself, is tested end to end in tests/training/test_train.py
+    (test_ddp_two_processes_equal_one). A rank that fails stops the others, as torchrun does.
+    Returns a CompletedProcess: the first failing rank's exit code (else 0), rank 0's stdout and
+    every rank's stderr."""
+    import tempfile
+    import time
+    port = free_port()
+    procs, logs = [], []
+    for rank in range(nproc):
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        logs.append((out, err))
+        procs.append(subprocess.Popen([PYTHON] + list(args), cwd=REPO, env=env, stdout=out, stderr=err, text=True))
+    deadline, code = time.time() + timeout, 0
+    while any(p.poll() is None for p in procs):
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if failed or time.time() > deadline:
+            code = failed[0] if failed else -9
+            time.sleep(1)  # the others' own error lines first
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.05)
+    for p in procs:
+        p.wait()
+    code = code or next((p.returncode for p in procs if p.returncode != 0), 0)
+    texts = []
+    for out, err in logs:
+        out.seek(0)
+        err.seek(0)
+        texts.append((out.read(), err.read()))
+        out.close()
+        err.close()
+    return subprocess.CompletedProcess(list(args), code, texts[0][0], "".join(e for _, e in texts))
 
 
 def run_main(script, argv, cwd=None, env=None, check=False):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, records, run_cli, run_main, tiny_model, train_losses
+from conftest import assert_one_line_error, records, run_main, run_ranks, tiny_model, train_losses
 
 import grow as grow_cli
 import train
@@ -400,8 +400,7 @@ def test_in_run_growth_under_ddp_equals_one_process(tiny_corpus, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     common = dict(grow_schedule="4:weights,8:layers", max_iters=12, gradient_accumulation_steps=2)
     train.main(corpus_args(tiny_corpus, one, **common))
-    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
-                   + corpus_args(tiny_corpus, two, **common))
+    proc = run_ranks(["train.py"] + corpus_args(tiny_corpus, two, **common))  # torchrun's 2 processes
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = train_losses(one), train_losses(two)
     assert sorted(a) == sorted(b) == list(range(16))  # 12 + shifts 2 + 2

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from conftest import kill_when_file_appears, run_cli, run_main, t0_args, train_losses
+from conftest import kill_when_file_appears, run_main, run_ranks, t0_args, train_losses
 
 import finetune_t0
 
@@ -43,8 +43,7 @@ def test_ddp_two_processes_equal_one(setup, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     common = dict(max_iters=5, eval_interval=100, rank_eval_examples=0, gradient_accumulation_steps=2)
     finetune_t0.main(t0_args(mixture, base, one, **common))  # the 1-process reference, in this process
-    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "finetune_t0.py"]
-                   + t0_args(mixture, base, two, **common))
+    proc = run_ranks(["finetune_t0.py"] + t0_args(mixture, base, two, **common))  # torchrun's 2 processes
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = train_losses(one), train_losses(two)
     assert sorted(a) == sorted(b) == list(range(5))

@@ -7,9 +7,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model as shared_tiny_model
-from transformers.optimization import (
-    Adafactor as HFAdafactor,  # a test dependency: never skipped
-)
 
 from tinylab.core.errors import UserError
 from tinylab.schema import TRAIN
@@ -17,6 +14,15 @@ from tinylab.training import optim
 from tinylab.training.adafactor import Adafactor
 from tinylab.training.options import OptimizerOptions, ScheduleOptions
 from tinylab.training.presets import ADAFACTOR_PRESETS, OPTIMIZER_PRESETS, apply_optimizer_preset
+
+
+def HFAdafactor(*args, **kw):
+    """transformers' Adafactor, the reference (a test dependency: never skipped). Imported here,
+    not at the top: transformers.optimization takes 4 s to import (peft, accelerate), which every
+    test worker would pay while collecting."""
+    from transformers.optimization import Adafactor as reference
+    return reference(*args, **kw)
+
 
 SHAPES = [(7,), (5, 6), (2, 3, 4), (4, 5)]  # the last one is stored as a bf16 parameter
 DTYPES = [torch.float32, torch.float32, torch.float32, torch.bfloat16]

@@ -6,15 +6,13 @@ ordinary one: the same entries and optimizer layout as a 1-process run's, resume
 run to the same losses, grown by grow.py (and the grown checkpoint trained on with fsdp) and
 exported by export.py. Settings FSDP cannot do are one-line errors.
 
-The torchrun runs are shared by a module fixture (three launches of 6 iterations)."""
+The 2-process runs are shared by a module fixture (three runs of 6 iterations)."""
 import math
 import os
 
 import pytest
 import torch
-from conftest import assert_one_line_error, records, run_cli, run_main, train_losses
-
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+from conftest import assert_one_line_error, records, run_main, run_ranks, train_losses
 
 
 def args(corpus, out_dir, **over):
@@ -32,8 +30,9 @@ def train(argv, **kw):
     return run_main(argv[0], argv[1:], **kw)
 
 
-def torchrun(argv):
-    proc = run_cli(TORCHRUN + argv)
+def two_ranks(argv):
+    """The 2-process run `torchrun --nproc_per_node=2` starts (conftest.run_ranks)."""
+    proc = run_ranks(argv)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 
@@ -43,9 +42,9 @@ def runs(tiny_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     paths = {name: str(root / name) for name in ("one", "full", "split")}
     train(args(tiny_corpus, paths["one"]), check=True)  # the 1-process reference (DDP code path, no wrapper)
-    torchrun(args(tiny_corpus, paths["full"], parallelism="fsdp"))
-    torchrun(args(tiny_corpus, paths["split"], parallelism="fsdp", max_iters=3))
-    torchrun(args(tiny_corpus, paths["split"], parallelism="fsdp", init_from="resume_train"))
+    two_ranks(args(tiny_corpus, paths["full"], parallelism="fsdp"))
+    two_ranks(args(tiny_corpus, paths["split"], parallelism="fsdp", max_iters=3))
+    two_ranks(args(tiny_corpus, paths["split"], parallelism="fsdp", init_from="resume_train"))
     return paths
 
 

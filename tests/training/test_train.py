@@ -21,6 +21,7 @@ from conftest import (
     read_metrics,
     run_cli,
     run_main,
+    run_ranks,
     train_losses,
 )
 
@@ -131,12 +132,11 @@ def test_ddp_two_processes_equal_one(corpus, tmp_path):
 def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
     """2 processes with dropout: a run stopped at a checkpoint and resumed gives the uninterrupted
     run's losses bit for bit (each rank's generators are saved and restored)."""
-    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     full, split = str(tmp_path / "full"), str(tmp_path / "split")
     common = dict(eval_interval=100, checkpoint_interval=5, max_new_tokens=0, dropout=0.2, lr_scheduling=False)
     for argv in (tiny_args(corpus, full, max_iters=10, **common), tiny_args(corpus, split, max_iters=5, **common),
                  tiny_args(corpus, split, max_iters=10, init_from="resume_train", **common)):
-        proc = run_cli(ddp + argv)
+        proc = run_ranks(argv)  # the 2 processes torchrun starts (conftest.run_ranks)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = train_losses(full), train_losses(split)
     assert sorted(a) == sorted(b) == list(range(10))

@@ -17,7 +17,10 @@ what still fails to allocate (the estimate is a lower bound) ends here as one li
 Library warnings (torch, datasets, transformers) are silenced unless the user asks for them with
 python -W or PYTHONWARNINGS; the project's own notices are single printed lines. Genuine bugs
 still raise ordinary exceptions and show a traceback.
+
+A command's process ends faster through it too (`_leaving_the_program`).
 """
+import gc
 import logging
 import os
 import re
@@ -101,9 +104,27 @@ def install_interrupt_hook():
         sys.excepthook = _interrupted_while_loading
 
 
+def _leaving_the_program(main):
+    """When `main` is the program's own (`python train.py`, torchrun's workers: its module is
+    __main__), everything alive now lives until the process exits. gc.freeze() takes those
+    objects out of the collector's reach, so the interpreter's final collections do not walk the
+    million objects torch's compiler stack leaves (0.8 s of every command's exit, measured with
+    torch._dynamo imported, as every training run has it). Not in-process callers (tests call
+    cli_main on an imported main): their garbage must stay collectable."""
+    if getattr(main, "__module__", None) == "__main__":
+        gc.freeze()
+
+
 def cli_main(main, *args, **kwargs):
     """Run `main` behind the error boundary (see the module docstring)."""
     quiet_library_warnings()
+    try:
+        return _run(main, *args, **kwargs)
+    finally:
+        _leaving_the_program(main)
+
+
+def _run(main, *args, **kwargs):
     try:
         return main(*args, **kwargs)
     except UserError as e:
