@@ -8,14 +8,15 @@ compute, judged at equal compute?
     python experiments/staged_training.py --threads=1 --seeds=1337 --max_iters=1200 \
         --variants=width,depth --out_dir=out/staged_long --plots=''            # the longer budget
     python experiments/staged_training.py --report                             # tables + plots again (out_dir)
-    python experiments/staged_training.py --max_iters=100 --seeds=1 --out_dir=/tmp/s --plots=''  # smoke
+    python experiments/staged_training.py --max_iters=100 --seeds=1 --batch_size=4 --out_dir=/tmp/s --plots=''  # smoke
 
 Per seed (--seed changes the data order, the initial weights and the symmetry-breaking noise),
 on the built-in procedural corpus (made here with tinystories.py if missing), all runs with the
 same data order:
-  target        dim 128, 4 layers, 4 heads, FFN 384 (0.92M parameters) from scratch: warmup 30 +
-                cosine 2e-3 -> 2e-4 over --max_iters (600). Its total training compute C_target
-                is the budget of every grown run.
+  target        dim 128, 4 layers, 4 heads, FFN 384 (0.92M parameters) from scratch, --batch_size
+                (16) sequences of 64 tokens per iteration: warmup 30 + cosine 2e-3 -> 2e-4 over
+                --max_iters (600). Its total training compute C_target is the budget of every
+                grown run.
   small models  "width": dim 64 / 2 heads / FFN 192; "depth": 2 layers at dim 128;
                 "width+depth": dim 64 and 2 layers. The same schedule shape stretched over 10x the
                 iterations (growth comes early in the small model's own schedule, as in the
@@ -146,7 +147,7 @@ MAIN = "width,depth,width+depth,width-restart,width-restart-keeplr,width-resetop
 
 def common_config(a, seed):
     return dict(data_cache_dir=a.data_cache_dir, vocab_size=VOCAB, dataset_name="pretrain-all", multiple_of=32,
-                max_seq_len=64, batch_size=16, gradient_accumulation_steps=1, learning_rate=2e-3, min_lr=2e-4,
+                max_seq_len=64, batch_size=a.batch_size, gradient_accumulation_steps=1, learning_rate=2e-3, min_lr=2e-4,
                 warmup_iters=30, max_iters=a.max_iters, lr_decay_iters=a.max_iters, weight_decay=0.1,
                 eval_interval=a.eval_interval, eval_iters=4, log_interval=50, max_new_tokens=0, dropout=0.0,
                 device="cpu", dtype="float32", seed=seed)
@@ -358,6 +359,12 @@ def run_seed(seed, a):
     if a.reuse and os.path.exists(path):
         with open(path) as f:
             res = json.load(f)
+        # runs made with other settings would be mixed into this seed's numbers
+        changed = sorted(k for k, v in res.get("config", {}).items() if k != "data_cache_dir" and cfg.get(k) != v)
+        if changed:
+            before = ", ".join(f"{k}={res['config'][k]}" for k in changed)
+            raise UserError(f"--reuse: {seed_dir} was run with other settings ({before}); "
+                            "pass the same ones or use another --out_dir")
     t0 = time.time()
     res["config"] = cfg
     res["target"] = target_run(a, cfg, seed_dir)
@@ -544,6 +551,8 @@ def main(argv=None):
     p.add_argument("--max_iters", type=int, default=600)
     p.add_argument("--eval_interval", type=int, default=20)
     p.add_argument("--rewarmup_iters", type=int, default=20)
+    p.add_argument("--batch_size", type=int, default=16,
+                   help="sequences of 64 tokens per iteration, in every run (fewer for a quick smoke run)")
     p.add_argument("--variants", default=MAIN, help=f"comma-separated, from {', '.join(VARIANTS)}")
     p.add_argument("--seeds", default="1337,1338,1339")
     p.add_argument("--grow_at", type=int, default=0, help="grow at this iteration instead of by the slope rule")
@@ -552,6 +561,8 @@ def main(argv=None):
     p.add_argument("--report", action="store_true", help="only print the tables and plot from out_dir's results")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
+    if a.batch_size < 1:
+        raise UserError(f"--batch_size must be at least 1, got {a.batch_size}")
     unknown = [n for n in a.variants.split(",") if n not in VARIANTS]
     if unknown:
         raise UserError(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")

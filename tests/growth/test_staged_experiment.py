@@ -8,7 +8,7 @@ import math
 import os
 
 import pytest
-from conftest import run_main
+from conftest import assert_one_line_error, run_main
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def experiment(tmp_path_factory):
                   ["train_vocab", "--vocab_size=512"], ["pretokenize", "--vocab_size=512", "--dataset_name=pretrain-all"]):
         run_main("tinystories.py", [*stage, f"--data_cache_dir={data}"], check=True)
     argv = ["--threads=1", f"--data_cache_dir={data}", f"--out_dir={root / 'out'}", f"--plots={root / 'plot'}",
-            "--max_iters=40", "--eval_interval=20", "--seeds=1", "--variants=width,depth,width-aligned"]
+            "--max_iters=40", "--eval_interval=20", "--batch_size=4", "--seeds=1", "--variants=width,depth,width-aligned"]
     proc = run(*argv)
     with open(root / "out" / "results.json") as f:
         return root, argv, proc, json.load(f)
@@ -68,6 +68,18 @@ def test_reuse_and_report_read_back_without_training(experiment):
     assert {p: os.stat(p).st_mtime_ns for p in glob.glob(str(root / "out" / "**" / "*.pt"), recursive=True)} == ckpts
     with open(root / "out" / "results.json") as f:
         assert json.load(f)["summary"] == res["summary"]
+    # runs of other settings are not mixed in: one line, nothing retrained or replaced
+    other = run(*argv, "--reuse", "--force", "--batch_size=8", check=False)
+    assert other.returncode == 2 and "was run with other settings (batch_size=4)" in other.stderr, other.stderr
+    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(str(root / "out" / "**" / "*.pt"), recursive=True)} == ckpts
     report = run(f"--out_dir={root / 'out'}", "--plots=", "--report")
     table = [line for line in proc.stdout.splitlines() if line.startswith(("width ", "depth ", "width-aligned "))]
     assert table and all(line in report.stdout for line in table)
+
+
+@pytest.mark.parametrize("flag, fragment", [("--batch_size=0", "--batch_size must be at least 1, got 0"),
+                                            ("--variants=width,tall", "unknown variant(s) tall")])
+def test_bad_settings_are_one_line_before_any_output(tmp_path, flag, fragment):
+    proc = run(f"--out_dir={tmp_path / 'out'}", "--plots=", f"--data_cache_dir={tmp_path / 'data'}", flag, check=False)
+    assert_one_line_error(proc, fragment)
+    assert os.listdir(tmp_path) == []
