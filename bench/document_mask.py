@@ -40,7 +40,7 @@ sys.path.insert(0, REPO)
 import train  # noqa: E402
 from bench.measure import run_timed  # noqa: E402
 from tinylab.core import checkpoint as ckpt_lib  # noqa: E402
-from tinylab.core.errors import cli_main  # noqa: E402
+from tinylab.core.errors import cli_main, leave_program  # noqa: E402
 from tinylab.core.metrics import read_metrics  # noqa: E402
 from tinylab.data.dataset_spec import parse_spec  # noqa: E402
 from tinylab.data.pretokenize import pretokenize  # noqa: E402
@@ -89,7 +89,10 @@ def child(argv, out_dir, data_root, seed):
         return real_call(self, model, iter_num, generations and iter_num > 0)
 
     LMEvaluator.__call__ = evaluate
-    cli_main(train.main, argv)  # train.py's own error boundary: one line, its exit code
+    try:
+        cli_main(train.main, argv)  # train.py's own error boundary: one line, its exit code
+    finally:
+        leave_program()  # the process ends here, as `python train.py` does (its exit is timed too)
     rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"), notice=False)
     evals = [r for r in rows if r.get("kind") == "eval"]
     speed = [r["tokens_per_s"] for r in rows if r.get("kind") == "train"][5:]

@@ -112,7 +112,7 @@ def child(argv, old):
     and the tokens generated, as RESULT_LINE."""
     import model as model_lib
     import train
-    from tinylab.core.errors import cli_main
+    from tinylab.core.errors import cli_main, leave_program
     from tinylab.eval.lm_eval import LMEvaluator
     spent, tokens = [0.0], [0]
     real_generate, real_eval_generate = model_lib.Transformer.generate, LMEvaluator.generate
@@ -129,7 +129,10 @@ def child(argv, old):
         return out
 
     model_lib.Transformer.generate, LMEvaluator.generate = counting_generate, eval_generate
-    cli_main(train.main, argv)  # train.py's own error boundary: one line, its exit code
+    try:
+        cli_main(train.main, argv)  # train.py's own error boundary: one line, its exit code
+    finally:
+        leave_program()  # the process ends here, as `python train.py` does (its exit is timed too)
     print(f"bench-generation: {spent[0]:.3f} s, {tokens[0]} tokens")
 
 
