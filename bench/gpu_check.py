@@ -155,8 +155,8 @@ class Checker:
         seconds = time.perf_counter() - t
         self.rows.append((order, check, setting, result, status, seconds, BUDGET.get(budget_key or check)))
         print(f"[{time.perf_counter() - self.t_start:6.1f} s]   -> {status}: {result}", flush=True)
-        gc.collect()
-        if self.cuda:
+        if self.cuda:  # the section's tensors in reference cycles, then its cached blocks, back to the device
+            gc.collect()
             torch.cuda.empty_cache()
 
     def call(self, name, main, argv):
@@ -255,9 +255,9 @@ def throughput(c: Checker, name, seq):
     batch = p["batch"] or max(1, cfg["batch_size"] * 256 // seq)  # the config's tokens per micro-batch
     iters = p["warmup"] + p["timed"]
     torch._dynamo.reset()  # a fresh compile, as a new train.py process gets (and the last run's graphs freed)
-    gc.collect()
     held = 0
-    if c.cuda:
+    if c.cuda:  # the peak below is the run's own: the earlier sections' memory freed first
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(c.device)
         held = torch.cuda.memory_allocated(c.device)
