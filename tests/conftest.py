@@ -44,12 +44,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def child_env(**extra):
+    """The environment of a test's subprocess: no wandb, unbuffered output, one torch thread."""
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)  # a test's own settings win (WANDB_MODE=offline)
+    return env
+
+
 def run_cli(args, cwd=REPO, env=None, timeout=600, check=False):
     """Run `python <args>` in a subprocess; returns CompletedProcess with text stdout/stderr."""
-    full_env = dict(os.environ)
-    full_env.update({"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
-    if env:
-        full_env.update(env)
+    full_env = child_env(**(env or {}))
     proc = subprocess.run([PYTHON] + list(args), cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -80,9 +84,8 @@ def run_ranks(args, nproc=2, timeout=600):
     port = free_port()
     procs, logs = [], []
     for rank in range(nproc):
-        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = child_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         logs.append((out, err))
         procs.append(subprocess.Popen([PYTHON] + list(args), cwd=REPO, env=env, stdout=out, stderr=err, text=True))
@@ -161,8 +164,7 @@ def kill_when_file_appears(args, path, timeout=300):
     fails if the run ended before it could be killed."""
     import signal
     import time
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([PYTHON] + list(args), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([PYTHON] + list(args), cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout
     while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
