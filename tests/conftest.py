@@ -44,6 +44,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_environment_report():
+    """lm-eval's simple_evaluate adds torch.utils.collect_env's report to every result (it runs
+    `pip list` and other commands: 1.2 s a call); no test reads it. Subprocesses still collect it."""
+    import torch.utils.collect_env
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: "(not collected in tests)")
+        yield
+
+
 def child_env(**extra):
     """The environment of a test's subprocess: no wandb, unbuffered output, one torch thread."""
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -68,10 +78,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(args, nproc=2, timeout=600):
+def run_ranks(*runs, nproc=2, timeout=600):
     """Run `python <args>` as the `nproc` processes of one process group on this machine, with
     the environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT: the env:// rendezvous init_process_group reads), and wait for all.
+    Several runs (each an argv starting with its entry script) run one after the other in the
+    same `nproc` processes (tests/rank_runs.py: each run its own process group and port): a run
+    stopped at a checkpoint and its resumption cost one start of the ranks, not two.
 
     For tests of what the ranks compute: it spares torchrun's launcher, a third interpreter that
     imports torch before the ranks start (3 s of CPU and 2 s of latency per run). The command
@@ -81,7 +94,13 @@ def run_ranks(args, nproc=2, timeout=600):
     every rank's stderr."""
     import tempfile
     import time
-    port = free_port()
+    if len(runs) == 1:
+        args, port = list(runs[0]), free_port()
+    else:
+        ports = []
+        while len(ports) < len(runs):  # distinct, though the OS may offer a port twice
+            ports += [p for p in [free_port()] if p not in ports]
+        args, port = [os.path.join(REPO, "tests", "rank_runs.py"), json.dumps([list(r) for r in runs]), json.dumps(ports)], ports[0]
     procs, logs = [], []
     for rank in range(nproc):
         env = child_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),

@@ -30,9 +30,9 @@ def train(argv, **kw):
     return run_main(argv[0], argv[1:], **kw)
 
 
-def two_ranks(argv):
-    """The 2-process run `torchrun --nproc_per_node=2` starts (conftest.run_ranks)."""
-    proc = run_ranks(argv)
+def two_ranks(*runs):
+    """The 2-process runs `torchrun --nproc_per_node=2` starts, in a row (conftest.run_ranks)."""
+    proc = run_ranks(*runs)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 
@@ -42,9 +42,11 @@ def runs(tiny_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     paths = {name: str(root / name) for name in ("one", "full", "split")}
     train(args(tiny_corpus, paths["one"]), check=True)  # the 1-process reference (DDP code path, no wrapper)
-    two_ranks(args(tiny_corpus, paths["full"], parallelism="fsdp"))
-    two_ranks(args(tiny_corpus, paths["split"], parallelism="fsdp", max_iters=3))
-    two_ranks(args(tiny_corpus, paths["split"], parallelism="fsdp", init_from="resume_train"))
+    # the uninterrupted run between the stopped one and its resumption: nothing the stopped run
+    # leaves in the two processes can stand in for what the checkpoint must restore
+    two_ranks(args(tiny_corpus, paths["split"], parallelism="fsdp", max_iters=3),
+              args(tiny_corpus, paths["full"], parallelism="fsdp"),
+              args(tiny_corpus, paths["split"], parallelism="fsdp", init_from="resume_train"))
     return paths
 
 

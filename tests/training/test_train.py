@@ -134,10 +134,12 @@ def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
     run's losses bit for bit (each rank's generators are saved and restored)."""
     full, split = str(tmp_path / "full"), str(tmp_path / "split")
     common = dict(eval_interval=100, checkpoint_interval=5, max_new_tokens=0, dropout=0.2, lr_scheduling=False)
-    for argv in (tiny_args(corpus, full, max_iters=10, **common), tiny_args(corpus, split, max_iters=5, **common),
-                 tiny_args(corpus, split, max_iters=10, init_from="resume_train", **common)):
-        proc = run_ranks(argv)  # the 2 processes torchrun starts (conftest.run_ranks)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # the 2 processes torchrun starts (conftest.run_ranks), the three runs in a row: the
+    # uninterrupted run between the stopped one and its resumption, so that nothing the stopped
+    # run leaves in the processes can stand in for what the checkpoint must restore
+    proc = run_ranks(tiny_args(corpus, split, max_iters=5, **common), tiny_args(corpus, full, max_iters=10, **common),
+                     tiny_args(corpus, split, max_iters=10, init_from="resume_train", **common))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = train_losses(full), train_losses(split)
     assert sorted(a) == sorted(b) == list(range(10))
     assert all(a[it] == b[it] for it in range(10)), [(it, a[it], b[it]) for it in range(10) if a[it] != b[it]]
