@@ -88,8 +88,9 @@ def run_ranks(*runs, nproc=2, timeout=600):
 
     For tests of what the ranks compute: it spares torchrun's launcher, a third interpreter that
     imports torch before the ranks start (3 s of CPU and 2 s of latency per run). The command
-    users type, torchrun itself, is tested end to end in tests/training/test_train.py
-    (test_ddp_two_processes_equal_one). A rank that fails stops the others, as torchrun does.
+    users type, torchrun itself, runs train.py end to end with DDP and FSDP in
+    tests/test_gpu_check.py (the GPU check's dry run). A rank that fails stops the others, as
+    torchrun does.
     Returns a CompletedProcess: the first failing rank's exit code (else 0), rank 0's stdout and
     every rank's stderr."""
     import tempfile

@@ -17,29 +17,32 @@ AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 NEW = {"long": 50, "short": 20}  # past max_seq_len (40, window refills) / inside it
 PROMPTS = {"long": (12, 7, 30), "short": (12, 7)}
-pytestmark = pytest.mark.slow  # two child processes generate in three dtypes (the module fixture)
+pytestmark = pytest.mark.slow  # a child process generates in three dtypes (the module fixture)
 
-# the child: loads the weights and prompts the test saved, generates greedy and sampled tokens in
-# every dtype, prints them as JSON
-CHILD = """
-import json, sys
+# what each side runs: the model from the weights and prompts the test saved, greedy and sampled
+# tokens in every dtype. The child process (the AVX2 limit takes effect at a process's start) runs
+# it and prints the tokens as JSON; the unlimited side runs it in this process, as it is.
+GENERATE_ALL = """
 import torch
-sys.path.insert(0, sys.argv[2])
 from model import ModelArgs, Transformer
-saved = torch.load(sys.argv[1])
-out = {}
-for name in ("float32", "bfloat16", "float64"):
-    m = Transformer(ModelArgs(**saved["args"])).eval()
-    m.load_state_dict(saved["weights"])
-    m.to(getattr(torch, name))
-    for case in ("long", "short"):
-        idx, mask, new = saved[case]["idx"], saved[case]["mask"], saved[case]["new"]
-        greedy = m.generate(idx, new, temperature=0.0, prompt_mask=mask)
-        sampled = m.generate(idx, new, temperature=0.8, top_k=10, prompt_mask=mask,
-                             generator=torch.Generator().manual_seed(3))
-        out[f"{name}/{case}"] = {"greedy": greedy.tolist(), "sampled": sampled.tolist()}
-print(json.dumps(out))
+
+
+def generate_all(saved):
+    out = {}
+    for name in ("float32", "bfloat16", "float64"):
+        m = Transformer(ModelArgs(**saved["args"])).eval()
+        m.load_state_dict(saved["weights"])
+        m.to(getattr(torch, name))
+        for case in ("long", "short"):
+            idx, mask, new = saved[case]["idx"], saved[case]["mask"], saved[case]["new"]
+            greedy = m.generate(idx, new, temperature=0.0, prompt_mask=mask)
+            sampled = m.generate(idx, new, temperature=0.8, top_k=10, prompt_mask=mask,
+                                 generator=torch.Generator().manual_seed(3))
+            out[f"{name}/{case}"] = {"greedy": greedy.tolist(), "sampled": sampled.tolist()}
+    return out
 """
+CHILD = ("import json, sys\nsys.path.insert(0, sys.argv[2])\n" + GENERATE_ALL
+         + "print(json.dumps(generate_all(torch.load(sys.argv[1]))))\n")
 
 
 def generate_in_child(path, env):
@@ -51,9 +54,15 @@ def generate_in_child(path, env):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def generate_here(path):
+    namespace = {}
+    exec(GENERATE_ALL, namespace)
+    return namespace["generate_all"](torch.load(path))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The model (fp64 weights), its prompts, and the children's tokens with and without AVX2."""
+    """The model (fp64 weights), its prompts, and the tokens with AVX2 (a child) and without."""
     m = sharp(tiny(2))
     gen = torch.Generator().manual_seed(7)
     prompts = {case: [torch.randint(0, 67, (n,), generator=gen) for n in PROMPTS[case]] for case in PROMPTS}
@@ -63,7 +72,8 @@ def runs(tmp_path_factory):
         saved[case] = {"idx": idx, "mask": mask, "new": NEW[case]}
     path = tmp_path_factory.mktemp("generation") / "model.pt"
     torch.save(saved, path)
-    return m, prompts, generate_in_child(path, AVX2), generate_in_child(path, {})
+    assert not any(k in os.environ for k in AVX2)  # this process runs unlimited
+    return m, prompts, generate_in_child(path, AVX2), generate_here(path)
 
 
 def generated(rows, prompts):

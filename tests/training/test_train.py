@@ -2,7 +2,7 @@
 checkpoints, 2-process DDP vs 1 process, NaN guard, SIGINT, resume_model, eval_only, errors.
 
 Runs are in this process (conftest.run_main) unless the process itself is tested: SIGKILL,
-SIGINT, torchrun; two runs whose losses are compared bit for bit run in the same kind of process
+SIGINT, the 2 DDP processes; two runs whose losses are compared bit for bit run in the same kind of process
 (a resumed run's checkpoint may come from a killed subprocess)."""
 import os
 import signal
@@ -19,7 +19,6 @@ from conftest import (
     assert_one_line_error,
     kill_when_file_appears,
     read_metrics,
-    run_cli,
     run_main,
     run_ranks,
     train_losses,
@@ -115,32 +114,42 @@ def test_checkpoint_write_is_atomic_under_kill(tmp_path):
     assert all(f.startswith(".tmp_") for f in leftovers)  # only temp files, never a half ckpt.pt
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_equal_one(corpus, tmp_path):
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    common = dict(max_iters=6, eval_interval=100, max_new_tokens=0, dropout=0.0, gradient_accumulation_steps=2)
-    train(tiny_args(corpus, one, **common), check=True)  # the 1-process reference, in this process
-    proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + tiny_args(corpus, two, **common))
+DDP_EQUAL = dict(max_iters=6, eval_interval=100, max_new_tokens=0, dropout=0.0, gradient_accumulation_steps=2)
+DDP_DROPOUT = dict(eval_interval=100, checkpoint_interval=5, max_new_tokens=0, dropout=0.2, lr_scheduling=False)
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(corpus, tmp_path_factory):
+    """The 2-process runs of the two tests below, one after the other in one start of the 2
+    processes torchrun starts (conftest.run_ranks): a 6-iteration run, then with dropout a run
+    stopped at its checkpoint, the uninterrupted run and the resumption, the uninterrupted run
+    between the other two so that nothing the stopped run leaves in the processes can stand in
+    for what the checkpoint must restore. (The torchrun command itself: tests/test_gpu_check.py.)"""
+    root = tmp_path_factory.mktemp("ddp")
+    paths = {name: str(root / name) for name in ("two", "full", "split")}
+    proc = run_ranks(tiny_args(corpus, paths["two"], **DDP_EQUAL),
+                     tiny_args(corpus, paths["split"], max_iters=5, **DDP_DROPOUT),
+                     tiny_args(corpus, paths["full"], max_iters=10, **DDP_DROPOUT),
+                     tiny_args(corpus, paths["split"], max_iters=10, init_from="resume_train", **DDP_DROPOUT))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = train_losses(one), train_losses(two)
+    return paths
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(corpus, ddp_runs, tmp_path):
+    one = str(tmp_path / "one")
+    train(tiny_args(corpus, one, **DDP_EQUAL), check=True)  # the 1-process reference, in this process
+    a, b = train_losses(one), train_losses(ddp_runs["two"])
     assert sorted(a) == sorted(b) == list(range(6))
     for it in a:
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
 @pytest.mark.slow
-def test_ddp_resume_with_dropout_is_exact(corpus, tmp_path):
+def test_ddp_resume_with_dropout_is_exact(ddp_runs):
     """2 processes with dropout: a run stopped at a checkpoint and resumed gives the uninterrupted
     run's losses bit for bit (each rank's generators are saved and restored)."""
-    full, split = str(tmp_path / "full"), str(tmp_path / "split")
-    common = dict(eval_interval=100, checkpoint_interval=5, max_new_tokens=0, dropout=0.2, lr_scheduling=False)
-    # the 2 processes torchrun starts (conftest.run_ranks), the three runs in a row: the
-    # uninterrupted run between the stopped one and its resumption, so that nothing the stopped
-    # run leaves in the processes can stand in for what the checkpoint must restore
-    proc = run_ranks(tiny_args(corpus, split, max_iters=5, **common), tiny_args(corpus, full, max_iters=10, **common),
-                     tiny_args(corpus, split, max_iters=10, init_from="resume_train", **common))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = train_losses(full), train_losses(split)
+    a, b = train_losses(ddp_runs["full"]), train_losses(ddp_runs["split"])
     assert sorted(a) == sorted(b) == list(range(10))
     assert all(a[it] == b[it] for it in range(10)), [(it, a[it], b[it]) for it in range(10) if a[it] != b[it]]
 
