@@ -92,7 +92,9 @@ def test_exact_resume_after_sigkill(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_write_is_atomic_under_kill(tmp_path):
-    """Kill a process while it rewrites a large checkpoint; the file is always a whole one."""
+    """Stop a process at moments while it rewrites a large checkpoint, then kill it: the file is
+    always a whole one. (A process frozen by SIGSTOP has left on disk exactly what SIGKILL at
+    that moment would leave; one process stopped three times costs one start, not three.)"""
     path = str(tmp_path / "ckpt.pt")
     script = (
         "import sys, torch; sys.path.insert(0, %r)\n"
@@ -101,15 +103,28 @@ def test_checkpoint_write_is_atomic_under_kill(tmp_path):
         "while True:\n"
         "    save_checkpoint({'model': {'w': torch.full((4_000_000,), float(i))}, 'model_args': {}, 'iter_num': i}, %r)\n"
         "    print(i, flush=True); i += 1\n" % (REPO, path))
-    for delay in (0.5, 0.9, 1.3):
-        proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True)
-        proc.stdout.readline()  # at least one complete save
-        time.sleep(delay)
-        proc.kill()
-        proc.wait()
+
+    def assert_whole():
         ckpt = torch.load(path, weights_only=True)
         w = ckpt["model"]["w"]
         assert w.numel() == 4_000_000 and torch.all(w == ckpt["iter_num"])
+        return ckpt["iter_num"]
+
+    proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()  # at least one complete save
+        seen = []
+        for delay in (0.13, 0.29, 0.41):  # not a multiple of one save's time: other phases of it
+            time.sleep(delay)
+            proc.send_signal(signal.SIGSTOP)
+            seen.append(assert_whole())
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.37)
+    finally:
+        proc.kill()
+        proc.wait()
+    seen.append(assert_whole())
+    assert seen == sorted(seen) and seen[-1] > seen[0]  # it kept saving between the stops
     leftovers = [f for f in os.listdir(tmp_path) if f != "ckpt.pt"]
     assert all(f.startswith(".tmp_") for f in leftovers)  # only temp files, never a half ckpt.pt
 
