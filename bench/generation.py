@@ -136,6 +136,14 @@ def child(argv, old):
     print(f"bench-generation: {spent[0]:.3f} s, {tokens[0]} tokens")
 
 
+def run_order(settings, repeats):
+    """(repeat, setting) in the order the runs go: the first two settings ABBA (A first in even
+    repeats, B first in odd ones), any further setting after them in every repeat."""
+    for r in range(repeats):
+        for setting in (settings[:2] if r % 2 == 0 else settings[1::-1]) + settings[2:]:
+            yield r, setting
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of every run (0: torch's default)")
@@ -159,25 +167,23 @@ def main():
         built_in_corpus(os.path.join(root, "data"))
         print(f"{'run':>3} {'setting':20s} {'wall s':>7} {'CPU s':>7} {'generation s':>12} {'tokens':>6} {'load':>5}",
               flush=True)
-        for r in range(args.repeats):
-            order = settings[:2] if r % 2 == 0 else settings[1::-1]  # ABBA
-            for name, extra, old in order + settings[2:]:
-                run_dir = os.path.join(root, f"run-{r}-{settings.index((name, extra, old))}")
-                argv = [os.path.join(REPO, "configs", "base8M.py"), f"--data_cache_dir={root}/data",
-                        # base8M's own schedule (lr_decay_iters = its max_iters): the first steps of its warmup
-                        "--dataset_name=pretrain-all", "--batch_size=8", "--max_iters=30", "--lr_decay_iters=100000",
-                        "--eval_iters=2",
-                        "--compile=False", "--device=cpu", "--dtype=float32", "--wandb_log=False",
-                        f"--out_dir={run_dir}", *overrides, *extra]
-                cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([argv, old])]
-                load = os.getloadavg()[0]
-                wall, cpu, text, code = run_timed(cmd, REPO, env, run_dir + ".log")
-                found = RESULT_LINE.findall(text)
-                if code != 0 or not found:
-                    raise SystemExit(f"the {name!r} run failed (exit {code}); the end of its output:\n{text[-3000:]}")
-                gen, tokens = float(found[-1][0]), int(found[-1][1])
-                runs[name].append((wall, gen, tokens))
-                print(f"{r:>3} {name:20s} {wall:7.1f} {cpu:7.1f} {gen:12.1f} {tokens:6d} {load:5.1f}", flush=True)
+        for r, (name, extra, old) in run_order(settings, args.repeats):
+            run_dir = os.path.join(root, f"run-{r}-{settings.index((name, extra, old))}")
+            argv = [os.path.join(REPO, "configs", "base8M.py"), f"--data_cache_dir={root}/data",
+                    # base8M's own schedule (lr_decay_iters = its max_iters): the first steps of its warmup
+                    "--dataset_name=pretrain-all", "--batch_size=8", "--max_iters=30", "--lr_decay_iters=100000",
+                    "--eval_iters=2",
+                    "--compile=False", "--device=cpu", "--dtype=float32", "--wandb_log=False",
+                    f"--out_dir={run_dir}", *overrides, *extra]
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([argv, old])]
+            load = os.getloadavg()[0]
+            wall, cpu, text, code = run_timed(cmd, REPO, env, run_dir + ".log")
+            found = RESULT_LINE.findall(text)
+            if code != 0 or not found:
+                raise SystemExit(f"the {name!r} run failed (exit {code}); the end of its output:\n{text[-3000:]}")
+            gen, tokens = float(found[-1][0]), int(found[-1][1])
+            runs[name].append((wall, gen, tokens))
+            print(f"{r:>3} {name:20s} {wall:7.1f} {cpu:7.1f} {gen:12.1f} {tokens:6d} {load:5.1f}", flush=True)
     print(f"8M shape, batch 8, 30 iterations, 2 evaluations x 16 prompts x up to 350 tokens, "
           f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS') or torch_default_threads()}"
           + (f"; train.py overrides {' '.join(overrides)}" if overrides else "") + "; whole-process wall time, every pair:")

@@ -129,21 +129,32 @@ def test_iteration_lines_of_both_programs(lab_corpus, tmp_path):
     assert bench.ITER_LINE.findall("step 0: train loss 1\n" + line + "\n") == [("7", "123.46")]
 
 
+def test_generation_bench_runs_in_abba_order():
+    """bench/generation.py's run order: the two settings alternate ABBA (generations first in even
+    repeats), --old's setting after them in every repeat."""
+    spec = importlib.util.spec_from_file_location("bench_generation", os.path.join(REPO, "bench", "generation.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    a, b, old = ("default generation", [], False), ("max_new_tokens=0", ["--max_new_tokens=0"], False), ("old", [], True)
+    assert list(module.run_order([a, b], 2)) == [(0, a), (0, b), (1, b), (1, a)]
+    assert list(module.run_order([a, b, old], 3)) == [(0, a), (0, b), (0, old), (1, b), (1, a), (1, old),
+                                                      (2, a), (2, b), (2, old)]
+
+
 @pytest.mark.slow
-def test_generation_bench_times_whole_runs_in_abba_order():
-    """bench/generation.py runs each setting as a process of its own (a tiny model here): both
-    settings alternate ABBA, the run with generations reports its generated tokens and the one
-    without reports none, and the summary prints every pair."""
+def test_generation_bench_times_whole_runs():
+    """bench/generation.py runs each setting as a process of its own (a tiny model here, one pair
+    of runs; their order: test_generation_bench_runs_in_abba_order): the run with generations
+    reports its generated tokens and the one without reports none, and the summary prints the pair."""
     tiny = ["--max_iters=2", "--dim=32", "--n_layers=1", "--n_heads=2", "--n_kv_heads=2", "--max_new_tokens=8"]
-    out = run_cli(["bench/generation.py", "--repeats=2", *tiny], check=True).stdout
+    out = run_cli(["bench/generation.py", "--repeats=1", *tiny], check=True).stdout
     runs = re.findall(r"^\s+(\d) (default generation|max_new_tokens=0)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", out, re.M)
-    assert [(r, name) for r, name, *_ in runs] == [("0", "default generation"), ("0", "max_new_tokens=0"),
-                                                  ("1", "max_new_tokens=0"), ("1", "default generation")], out
+    assert [(r, name) for r, name, *_ in runs] == [("0", "default generation"), ("0", "max_new_tokens=0")], out
     for _, name, wall, cpu, gen, tokens in runs:
         assert float(wall) > 0 and float(cpu) > 0
         # 2 evaluations x 16 prompts x 8 tokens at most (a row ends at BOS)
         assert (0 < int(tokens) <= 2 * 16 * 8) if name == "default generation" else (int(tokens) == 0 and float(gen) == 0)
-    summary = re.search(r"vs the run without generations ([\d.]+) ([\d.]+) \(median", out)
+    summary = re.search(r"vs the run without generations ([\d.]+) \(median", out)
     assert summary, out
     assert "train.py overrides --max_iters=2" in out
 
