@@ -54,10 +54,8 @@ def map_shards(fn, tasks, workers, initializer=None, initargs=()):
             busy[conn] = proc
         while busy:
             sentinels = {proc.sentinel: conn for conn, proc in busy.items()}
-            for ready in wait(list(busy) + list(sentinels)):
-                conn = sentinels.get(ready, ready)
-                if conn not in busy:  # its result and its exit arrived together: done already
-                    continue
+            # each worker once, whether its pipe (a result) or its sentinel (it ended) is ready
+            for conn in dict.fromkeys(sentinels.get(r, r) for r in wait(list(busy) + list(sentinels))):
                 ok, value = _receive(conn, busy[conn])
                 if not ok:
                     raise value
