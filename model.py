@@ -3,8 +3,8 @@
 Token embedding (tied with the output head by default), pre-norm RMSNorm blocks, rotary position
 embeddings in llama2.c's interleaved-pair layout, grouped-query attention, and a SwiGLU
 feed-forward with llama2.c's hidden-size rule. Parameter names are llama2.c's, so its `ckpt.pt`
-files load unchanged. The building blocks it uses live in tinylab/nn/ (the fused head, the
-attention backends, generation's sampling and KV cache).
+files load unchanged. Its building blocks live in tinylab/nn/ (projections, fused head, attention
+backends, generation's sampling and KV cache).
 
 Additions over llama2.c, each needed by a driver:
   - `attn_mask` / `position_ids` in forward: left-padded generation prompts, any explicit mask;
@@ -28,6 +28,7 @@ from torch import nn
 
 from tinylab.nn.attention import ATTENTION, Attend, additive_mask, resolve
 from tinylab.nn.fused_head import linear_cross_entropy
+from tinylab.nn.linear import Linear
 from tinylab.nn.precision import compute_dtype
 from tinylab.nn.sampling import KVCache, Windows, next_tokens, skip_draws
 
@@ -87,15 +88,15 @@ def precompute_freqs_cis(head_dim: int, end: int, theta: float = 10000.0):
 def apply_rotary_emb(xq, xk, cos, sin):
     """Rotate interleaved pairs (x[2i], x[2i+1]) by position-dependent angles (llama2.c layout).
 
-    xq, xk: (B, T, heads, head_dim); cos, sin: broadcastable to (B, T, 1, head_dim/2). Each pair
-    is taken as the complex number x[2i] + i*x[2i+1] and multiplied by cos + i*sin: one
-    elementwise kernel forward and backward (3x faster than real arithmetic).
+    xq, xk: (B, T, heads, head_dim), any strides (a few-row projection's output is a transposed
+    view: tinylab/nn/linear.py); cos, sin: broadcastable to (B, T, 1, head_dim/2). Each pair is
+    x[2i] + i*x[2i+1] times cos + i*sin: one elementwise kernel (3x faster than real arithmetic).
     """
     dt = compute_dtype(xq)
     rotation = torch.complex(cos.to(dt), sin.to(dt))
 
     def rotate(x):
-        pairs = torch.view_as_complex(x.to(dt).reshape(x.shape[:-1] + (-1, 2)))
+        pairs = torch.view_as_complex(x.to(dt).contiguous().view(x.shape[:-1] + (-1, 2)))
         return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
     return rotate(xq), rotate(xk)
 
@@ -110,10 +111,10 @@ class Attention(nn.Module):
         assert args.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads"
         self.head_dim = args.dim // args.n_heads
         self.n_rep = self.n_heads // self.n_kv_heads
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.wq = Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.resid_dropout = nn.Dropout(args.dropout)
         self.dropout = args.dropout
 
@@ -141,9 +142,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, dropout: float):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down (output) projection
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+        self.w1 = Linear(dim, hidden_dim, bias=False)  # gate
+        self.w2 = Linear(hidden_dim, dim, bias=False)  # down (output) projection
+        self.w3 = Linear(dim, hidden_dim, bias=False)  # up
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
@@ -189,7 +190,7 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(params.dropout)
         self.layers = nn.ModuleList(TransformerBlock(i, params) for i in range(params.n_layers))
         self.norm = RMSNorm(params.dim, eps=params.norm_eps)
-        self.output = nn.Linear(params.dim, params.vocab_size, bias=False)
+        self.output = Linear(params.dim, params.vocab_size, bias=False)
         if params.tie_embeddings:
             # weight tying (https://paperswithcode.com/method/weight-tying), as llama2.c
             self.tok_embeddings.weight = self.output.weight
@@ -395,9 +396,8 @@ class Transformer(nn.Module):
 
         Returns (B, T + n) with the prompts included: n = max_new_tokens unless all rows ended.
         """
-        # decoding runs under inference_mode (no autograd bookkeeping: 8% of a 16-row decoding
-        # step on the CPU); the returned tokens are an ordinary tensor, so callers may feed
-        # them back into training
+        # inference_mode: no autograd bookkeeping (8% of a 16-row decoding step on the CPU); the
+        # returned tokens are an ordinary tensor, so callers may feed them back into training
         with torch.inference_mode():
             out = self._generate(idx, max_new_tokens, temperature, top_k, prompt_mask, generator, stop_token)
         return out.clone() if torch.is_inference(out) else out

@@ -141,6 +141,16 @@ def test_generation_bench_runs_in_abba_order():
                                                       (2, a), (2, b), (2, old)]
 
 
+def test_decoding_bench_times_both_products_in_abba_order():
+    """bench/decoding.py (2 rows, 3 new tokens): every call of both settings printed, the medians'
+    ratio."""
+    out = run_cli(["bench/decoding.py", "--rows=2,3", "--repeats=2", "--new=3", "--few_rows=2"], check=True).stdout
+    rows = re.findall(r"^rows +(\d+): F\.linear ([\d.]+) ([\d.]+) \(median [\d.]+\); W @ x\^T ([\d.]+) ([\d.]+) "
+                      r"\(median [\d.]+\); ratio ([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["2", "3"], out
+    assert all(float(t) > 0 for r in rows for t in r[1:]), out
+
+
 @pytest.mark.slow
 def test_generation_bench_times_whole_runs():
     """bench/generation.py runs each setting as a process of its own (a tiny model here, one pair
