@@ -1,14 +1,15 @@
 """The model's projections: nn.Linear with the product's operands ordered for few rows.
 
 A decoding step multiplies a few rows (one new token per sequence) by every weight. linear
-computes x @ W^T; on the CPU, BLAS then rearranges its right operand, the whole weight, for every
-call, which at a few rows costs more than the product itself. W @ x^T is the same product with the
-weight as the left operand and the rows as the small right one. Measured on a 2-core AMD EPYC
-(MKL), a 350-token generation of the 8M shape took 0.52x the time at 4 rows, 0.87x at 16 and
-0.88x at 32, and about the same at 64 (docs/performance.md). The module, its parameter and its
-state_dict are nn.Linear's; only the order of the product changes, and only where the products
-are not recorded for backward. The output is then a transposed view of the (out_features, rows)
-product (last-dim stride = rows): ops take it as it is; reshape, not view, flattens it.
+computes x @ W^T, a product of few rows by a large matrix; W @ x^T is the same product as a large
+matrix by few columns, and on the CPU BLAS runs that shape faster. On a 2-core AMD EPYC (MKL,
+2 threads) a 350-token generation of the 8M shape takes 0.68x the time at 4 rows, 0.88x at 16,
+0.86x at 32 and 0.98x at 64 (bench/decoding.py; at one thread, 16 rows: 1.03x, within noise).
+
+The module, its parameter and its state_dict are nn.Linear's; only the order of the product
+changes, and only where the products are not recorded for backward (training keeps F.linear).
+The output is then a transposed view of the (out_features, rows) product (last-dim stride =
+rows): ops take it as it is; reshape, not view, flattens it.
 """
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,8 @@ FEW_ROWS = 32  # at most this many rows (all leading dims together) take W @ x^T
 class Linear(nn.Linear):
     def forward(self, x):
         rows = x.numel() // max(1, x.shape[-1])
-        # (matmul is on autocast's list as linear is: the same casts under CPU autocast)
+        # CPU only: measured there (no GPU result). No bias: the model's projections have none.
+        # matmul is on autocast's list as linear is: the same casts under CPU autocast.
         if rows <= FEW_ROWS and x.device.type == "cpu" and self.bias is None and not torch.is_grad_enabled():
             flat = x.reshape(rows, x.shape[-1])
             # a transposed view, not copied back to rows: at 16 rows the copy costs a fifth of the product
